@@ -1,0 +1,148 @@
+"""Resolve a model entry (hub id, local directory, GGUF file, or bundled GGUF) to a tokenizer and weights.
+
+GGUF weights are dequantised by transformers, which costs 40-85 s per small model on two CPU
+cores. The result (safetensors + tokenizer) is cached under `<cache_dir>/gguf/<sha256>/`, keyed by
+the GGUF's hash, so every later load takes seconds. The cache entry is built in a private temporary
+directory and renamed into place, so concurrent jobs (a SLURM array) never see half a model.
+"""
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from adafuse.bundled import BUNDLES
+from adafuse.config import ModelConfig
+from adafuse.errors import ModelFileError
+
+log = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    if "ADAFUSE_CACHE" in os.environ:
+        return Path(os.environ["ADAFUSE_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "adafuse"
+
+
+def sha256_of(paths: list[Path]) -> str:
+    """Hash of the files concatenated in order (the GGUF that the parts make up)."""
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+    return h.hexdigest()
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+def gguf_parts(cfg: ModelConfig) -> list[Path]:
+    """The GGUF file(s) behind a bundled or .gguf model entry, checked to exist and match the pinned hash."""
+    parts = BUNDLES[cfg.bundle]() if cfg.bundle else [Path(cfg.path).expanduser()]
+    for part in parts:
+        if not part.is_file():
+            raise ModelFileError(f"model {cfg.name!r}: model file {part} does not exist")
+    return parts
+
+
+def verified_hash(cfg: ModelConfig, parts: list[Path]) -> str:
+    digest = sha256_of(parts)
+    if cfg.sha256 and digest != cfg.sha256.lower():
+        where = parts[0] if len(parts) == 1 else f"{parts[0]} (+{len(parts) - 1} parts)"
+        raise ModelFileError(
+            f"model {cfg.name!r}: {where} is corrupt or not the pinned file: sha256 {digest}, expected {cfg.sha256}"
+        )
+    return digest
+
+
+def converted_gguf_dir(cfg: ModelConfig, cache_dir: Path) -> Path:
+    """Directory with the dequantised model and its tokenizer, converting the GGUF on first use."""
+    parts = gguf_parts(cfg)
+    digest = verified_hash(cfg, parts)
+    target = cache_dir / "gguf" / digest
+    if (target / "config.json").is_file():
+        return target
+    log.info("converting %s from GGUF once (about a minute); cached at %s", cfg.name, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-", dir=target.parent))
+    try:
+        gguf = _joined(parts, work)
+        _dequantise(gguf, work / "model")
+        try:
+            (work / "model").rename(target)
+        except OSError:  # another job finished first; its copy is as good as ours
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def _joined(parts: list[Path], work: Path) -> Path:
+    if len(parts) == 1:
+        return parts[0]
+    joined = work / "model.gguf"
+    with open(joined, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as src:
+                shutil.copyfileobj(src, out, 1 << 22)
+    return joined
+
+
+def _dequantise(gguf: Path, out: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are dense after loading; without this save_pretrained refuses ("quantized with gguf").
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tokenizer.save_pretrained(out)
+    model.save_pretrained(out)
+
+
+def model_location(cfg: ModelConfig, cache_dir: Path | None = None) -> str:
+    """Where transformers should load the model from: a directory or a hub id."""
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    if cfg.bundle or cfg.path.endswith(".gguf"):
+        return str(converted_gguf_dir(cfg, cache_dir))
+    path = Path(cfg.path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelFileError(f"model {cfg.name!r}: {path} has no config.json, so it is not a model directory")
+        return str(path)
+    if cfg.path.startswith(("/", ".", "~")) or path.exists():
+        raise ModelFileError(f"model {cfg.name!r}: model path {path} does not exist")
+    return cfg.path  # a hub id
+
+
+def load_pretrained(cfg: ModelConfig, cache_dir: Path | None = None):
+    """(tokenizer, model) ready for inference on the configured device and dtype."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where = model_location(cfg, cache_dir)
+    device = resolve_device(cfg.device)
+    options = dict(trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where, **options)
+        model = AutoModelForCausalLM.from_pretrained(
+            where, dtype=resolve_dtype(cfg.dtype, device), device_map={"": device}, **options
+        )
+    except OSError as err:
+        raise ModelFileError(f"model {cfg.name!r}: cannot load from {where}: {err}") from err
+    return tokenizer, model.eval()
