@@ -87,7 +87,7 @@ def generate(
         for k, m in enumerate(members):
             score_candidates(m, k, prefixes[k] + text, pool)
         fused = [sum(s.nll for s in c.scores) / len(members) for c in pool]
-        winner = min(range(len(pool)), key=fused.__getitem__)  # ties go to the earliest in pool order
+        winner = choose_winner(fused)
         best = pool[winner]
         for k, m in enumerate(members):
             m.commit(*best.homes[k])
@@ -97,11 +97,12 @@ def generate(
         stats.rounds += 1
         stats.words_per_round.append(best.words)
         text, stats.stop_reason = _stopped(text, best, stop, members, max_new_tokens)
-    stats.tokens_generated = [len(m.generated_ids) for m in members]
+    ids = [list(m.generated_ids) for m in members]
+    stats.tokens_generated = [len(i) for i in ids]
     stats.tokens_fed = [m.tokens_fed for m in members]
     stats.forward_passes = [m.forward_passes for m in members]
     stats.seconds = time.perf_counter() - started
-    return Generation(text=text, stats=stats, trace=record)
+    return Generation(text=text, stats=stats, ids=ids, trace=record)
 
 
 # ---- one model's proposal (spec §3) --------------------------------------------------------------
@@ -243,6 +244,11 @@ def build_pool(proposals) -> list[Candidate]:
             c = pool.setdefault((p.text, p.eos), Candidate(p.text, p.eos, len(p.words)))
             c.proposals.setdefault(k, p)  # a model's own duplicate keeps its higher-ranked ids
     return list(pool.values())
+
+
+def choose_winner(fused: list[float]) -> int:
+    """Index of the lowest fused score; ties go to the earliest candidate in pool order."""
+    return min(range(len(fused)), key=fused.__getitem__)
 
 
 def score_candidates(m: Member, k: int, prefix_text: str, pool: list[Candidate]) -> None:

@@ -22,22 +22,25 @@ def generate(
     m = members[cfg.member]
     m.reset_counters()
     m.start(prompt, reserve=max_new_tokens)
+    generated: list[int] = []
     text, stats = "", Stats()
     while not stats.stop_reason:
         token = int(m.logprobs.argmax())
         if token in m.eos_ids:
             stats.stop_reason = "eos"
             break
-        m.feed([token])
+        generated.append(token)
         # Decode the whole output each step: a lone token may hold part of a multi-byte character.
-        text, cut = cut_at_stop("", m.text_of(m.generated_ids, m.ids[: m.prompt_len]), stop)
+        text, cut = cut_at_stop("", m.text_of(generated, m.ids[: m.prompt_len]), stop)
         stats.rounds += 1
         if cut:
             stats.stop_reason = "stop"
-        elif len(m.generated_ids) >= max_new_tokens:
+        elif len(generated) >= max_new_tokens:
             stats.stop_reason = "length"
-    stats.tokens_generated = [len(m.generated_ids)]
+        else:  # like generate(), the last token is never read: nothing would use its logits
+            m.feed([token])
+    stats.tokens_generated = [len(generated)]
     stats.tokens_fed = [m.tokens_fed]
     stats.forward_passes = [m.forward_passes]
     stats.seconds = time.perf_counter() - started
-    return Generation(text=text, stats=stats)
+    return Generation(text=text, stats=stats, ids=[generated])

@@ -72,6 +72,7 @@ class Member:
         params = inspect.signature(model.forward).parameters
         # transformers >= 5.24 names the argument `cache`; 5.23 and remote-code models `past_key_values`.
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._can_keep_last = "logits_to_keep" in params
         if chat_template and not tokenizer.chat_template:
             raise ValueError(f"model {name!r} has no chat template; set chat_template=false for it")
         self.ids: list[int] = []
@@ -143,7 +144,7 @@ class Member:
 
     def feed(self, ids: list[int]) -> None:
         """Append ids to the committed context and read them."""
-        logits = self._forward(self.cache, torch.tensor([ids], device=self.device))
+        logits = self._forward(self.cache, torch.tensor([ids], device=self.device), last_only=True)
         self.ids = self.ids + list(ids)
         self.logprobs = torch.log_softmax(logits[0, -1], dim=-1)
 
@@ -170,9 +171,16 @@ class Member:
             )
 
     @torch.inference_mode()
-    def _forward(self, cache: DynamicCache, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits (batch, length, vocab) in float32 for `input_ids` read after the cached tokens."""
-        out = self.model(input_ids=input_ids, use_cache=True, **{self._cache_arg: cache})
+    def _forward(self, cache: DynamicCache, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Logits (batch, length, vocab) in float32 for `input_ids` read after the cached tokens.
+
+        `last_only` computes the vocabulary projection for the last position alone (length 1): a
+        1,400-token prompt would otherwise materialise 1.5 GB of logits with a 262k vocabulary.
+        """
+        kwargs = {self._cache_arg: cache}
+        if last_only and self._can_keep_last:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(input_ids=input_ids, use_cache=True, **kwargs)
         self.forward_passes += 1
         self.tokens_fed += input_ids.numel()
         return out.logits.float()

@@ -74,6 +74,7 @@ class Trace:
 class Generation:
     text: str
     stats: Stats
+    ids: list[list[int]] = field(default_factory=list)  # per model: the output's token ids in its vocabulary
     trace: Trace | None = None
 
     def to_dict(self) -> dict:

@@ -18,15 +18,24 @@ class RefModel:
         self.model = member.model
         self.eos_ids = member.eos_ids
         self.name = member.name
+        self._next: dict[tuple[int, ...], torch.Tensor] = {}
 
     @torch.inference_mode()
-    def logprobs(self, ids: list[int]) -> torch.Tensor:
-        """log p(x_{i+1} | x_{<=i}) at every position i, from one forward pass with no cache."""
-        logits = self.model(input_ids=torch.tensor([ids], device=self.model.device), use_cache=False).logits
+    def logprobs(self, ids: list[int], last: int) -> torch.Tensor:
+        """log p(x_{i+1} | x_{<=i}) at the last `last` positions i, from one forward pass with no cache.
+
+        Only the vocabulary projection is limited to those positions (a 262k vocabulary over a long
+        prompt would take gigabytes); every layer still reads the whole sequence.
+        """
+        ids_t = torch.tensor([ids], device=self.model.device)
+        logits = self.model(input_ids=ids_t, use_cache=False, logits_to_keep=last).logits
         return torch.log_softmax(logits[0].float(), dim=-1)
 
     def next_logprobs(self, ids: list[int]) -> torch.Tensor:
-        return self.logprobs(ids)[-1]
+        key = tuple(ids)  # a pure function of the ids: remembering it changes no result, only the time
+        if key not in self._next:
+            self._next[key] = self.logprobs(ids, 1)[-1]
+        return self._next[key]
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -147,8 +156,9 @@ class RefCandidate:
 
 
 def nll(m: RefModel, context: list[int], ids: list[int], eos: bool) -> float:
-    lp = m.logprobs(context + ids)
-    values = [lp[len(context) + j - 1, t].item() for j, t in enumerate(ids)]
+    """Mean NLL of `ids` after `context` (+ the most probable eos id), from one cache-free forward pass."""
+    lp = m.logprobs(context + ids, len(ids) + 1)  # row j predicts the token after context + ids[:j]
+    values = [lp[j, t].item() for j, t in enumerate(ids)]
     if eos:
         values.append(max(lp[-1, e].item() for e in m.eos_ids))
     return -sum(values) / len(values)

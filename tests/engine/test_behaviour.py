@@ -1,0 +1,93 @@
+"""Behaviour the spec promises for the knobs tau, M, B, K, on the real bundled pair."""
+
+import pytest
+
+from adafuse import AdaFuseConfig, SingleConfig
+from adafuse.decode import generate
+from adafuse.greedy import generate as greedy
+
+from .helpers import clone
+
+pytestmark = pytest.mark.slow
+
+QA = "Question: who wrote the novel Moby Dick?\nAnswer:"
+MT = "Translate into German: The cat sleeps on the warm sofa.\nGerman:"
+STORY = "Once upon a time, in a small village,"
+
+
+def test_tau_zero_commits_max_words_per_model_every_round(tiny):
+    gen = generate(tiny.members, STORY, AdaFuseConfig(tau=0.0, max_words=3), max_new_tokens=24, trace=True)
+    for rnd in gen.trace.rounds:
+        for model_round in rnd.models:
+            assert not model_round.branched
+            assert len(model_round.committed) == 3 or rnd.candidates[0].eos
+        assert len(rnd.candidates) <= len(tiny.members)  # one candidate per model, merged when equal
+    assert all(words == 3 for words in gen.stats.words_per_round[:-1])
+
+
+def test_tau_above_one_ends_every_round_after_one_word(tiny):
+    gen = generate(tiny.members, MT, AdaFuseConfig(tau=1.01), max_new_tokens=16, trace=True)
+    assert gen.stats.rounds >= 3
+    assert gen.stats.words_per_round == [1] * gen.stats.rounds
+    for rnd in gen.trace.rounds:
+        assert all(m.branched and m.committed == [] and len(m.margins) == 1 for m in rnd.models)
+
+
+def test_branches_explore_distinct_first_tokens_after_the_committed_words(tiny):
+    one = generate(tiny.members, QA, AdaFuseConfig(branches=1), stop=["\n"], max_new_tokens=4, trace=True)
+    three = generate(tiny.members, QA, AdaFuseConfig(branches=3), stop=["\n"], max_new_tokens=4, trace=True)
+    first_one, first_three = one.trace.rounds[0], three.trace.rounds[0]
+    for k, model_round in enumerate(first_three.models):
+        assert model_round.branched  # this prompt starts uncertain for both small models
+        own = [c for c in first_three.candidates if k in c.proposers]
+        assert len(own) == 3  # B candidates: the committed words + one word per first token
+        assert len({c.scores[k].ids[0] for c in own}) == 3  # distinct first tokens
+        assert all(c.text.startswith("".join(model_round.committed)) for c in own)
+        (greedy_only,) = [c for c in first_one.candidates if k in c.proposers]  # B = 1: one candidate
+        assert greedy_only.text in {c.text for c in own}
+    assert all(len(r.candidates) <= len(tiny.members) for r in one.trace.rounds)
+
+
+@pytest.mark.parametrize("prompt, stop", [(QA, ["\n"]), (MT, ["\n"]), (STORY, ["."])])
+def test_one_model_with_one_branch_is_greedy_decoding(tiny, prompt, stop):
+    for k, member in enumerate(tiny.members):
+        alone = generate([member], prompt, AdaFuseConfig(branches=1), stop=stop, max_new_tokens=40)
+        reference = greedy(tiny.members, prompt, SingleConfig(k), stop=stop, max_new_tokens=40)
+        if "length" in (alone.stats.stop_reason, reference.stats.stop_reason):
+            assert alone.text.startswith(reference.text) or reference.text.startswith(alone.text)
+        else:
+            assert alone.text == reference.text
+
+
+def test_a_model_paired_with_itself_reproduces_its_greedy_output(tiny, smol):
+    pair = [smol, clone(smol)]
+    for prompt, stop in [(QA, ["\n"]), (MT, ["\n"])]:
+        selfpair = generate(pair, prompt, AdaFuseConfig(branches=1), stop=stop, max_new_tokens=40)
+        assert selfpair.text == greedy([smol], prompt, SingleConfig(0), stop=stop, max_new_tokens=40).text
+        # with branches too, two copies of one model decide exactly as the model alone
+        paired = generate(pair, prompt, AdaFuseConfig(), stop=stop, max_new_tokens=24, trace=True)
+        alone = generate([smol], prompt, AdaFuseConfig(), stop=stop, max_new_tokens=24)
+        assert paired.text == alone.text
+        for rnd in paired.trace.rounds:
+            for c in rnd.candidates:
+                assert c.proposers == [0, 1] and c.scores[0].nll == pytest.approx(c.scores[1].nll, abs=1e-4)
+
+
+def test_stop_reasons_and_budget(tiny):
+    gen = generate(tiny.members, QA, AdaFuseConfig(), stop=["\n"], max_new_tokens=40)
+    assert gen.stats.stop_reason == "stop" and "\n" not in gen.text
+    gen = generate(tiny.members, STORY, AdaFuseConfig(), max_new_tokens=10)
+    assert gen.stats.stop_reason == "length"
+    assert max(gen.stats.tokens_generated) >= 10 > max(gen.stats.tokens_generated) - 3 * 20  # at most one round over
+    assert [len(i) for i in gen.ids] == gen.stats.tokens_generated
+    for member, ids in zip(tiny.members, gen.ids):
+        assert member.text_of(ids, member.encode(STORY)) == gen.text  # every model read exactly the output
+
+
+def test_stats_count_forward_passes_and_tokens(tiny):
+    gen = generate(tiny.members, QA, AdaFuseConfig(), stop=["\n"], max_new_tokens=16)
+    stats = gen.stats
+    assert stats.rounds == len(stats.words_per_round) >= 1
+    assert all(f >= stats.rounds for f in stats.forward_passes)
+    assert all(fed >= generated for fed, generated in zip(stats.tokens_fed, stats.tokens_generated))
+    assert stats.seconds > 0

@@ -1,0 +1,54 @@
+"""method=single must equal transformers' own greedy generate() token for token."""
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from adafuse import SingleConfig
+from adafuse.greedy import generate
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "Question: What is the capital of France?\nAnswer:",
+    "The sum of 128 and 256 is",
+    "Die Hauptstadt von Deutschland ist",
+    "List three colors:\n",
+    "日本の首都は",
+    "I love pizza 🍕 because",
+    "Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nLet's think step by step\n",
+    "def add(a, b):\n    return",
+]
+
+
+def hf_greedy(member, prompt: str, budget: int) -> list[int]:
+    ids = torch.tensor([member.encode(prompt)])
+    config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=budget, eos_token_id=list(member.eos_ids))
+    with torch.inference_mode():
+        out = member.model.generate(ids, generation_config=config, attention_mask=torch.ones_like(ids))
+    new = out[0, ids.shape[1] :].tolist()
+    return new[:-1] if new and new[-1] in member.eos_ids else new
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["smollm2", "gemma3"])
+def test_single_equals_generate_token_for_token(tiny, index):
+    member = tiny.members[index]
+    for prompt in PROMPTS:
+        ours = generate(tiny.members, prompt, SingleConfig(member=index), max_new_tokens=12)
+        assert ours.ids[0] == hf_greedy(member, prompt, 12), prompt
+        assert ours.text == member.text_of(ours.ids[0], member.encode(prompt))
+
+
+def test_single_stops_at_stop_strings_and_eos(tiny, smol):
+    prompt = "Question: What is the capital of France?\nAnswer:"
+    free = generate(tiny.members, prompt, SingleConfig(1), max_new_tokens=40)
+    assert "\nQuestion:" in free.text  # the base model runs on into the next few-shot item
+    gen = generate(tiny.members, prompt, SingleConfig(1), stop=["\nQuestion:"], max_new_tokens=40)
+    assert gen.stats.stop_reason == "stop"
+    assert gen.text == free.text.split("\nQuestion:")[0]
+    gen = generate(tiny.members, prompt, SingleConfig(1), max_new_tokens=7)
+    assert gen.stats.stop_reason == "length" and len(gen.ids[0]) == 7
+    smol_chat = type(smol)(smol.name, smol.tokenizer, smol.model, chat_template=True)
+    gen = generate([smol_chat], "What is 2 + 2? Answer with one number.", SingleConfig(0), max_new_tokens=40)
+    assert gen.stats.stop_reason == "eos"
+    assert gen.ids[0] and gen.ids[0][-1] not in smol.eos_ids
