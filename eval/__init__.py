@@ -1,0 +1,1 @@
+"""Benchmarks: data, prompts, answer extraction and metrics."""

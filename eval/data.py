@@ -1,0 +1,291 @@
+"""Benchmark readers: local files (the layout of ../shared/data, canonical and the paper's own files)
+and the Hugging Face hub. Every reader returns `Example`s in the source's canonical order.
+
+A task's YAML names a reader and its arguments per source, e.g.
+`{reader: dpr_tsv, file: triviaqa/topics.dpr.trivia.test.txt.gz}` or
+`{reader: trivia_hub, path: mandarjoshi/trivia_qa, name: unfiltered.nocontext, split: validation}`.
+A malformed record raises DataError naming the file and line.
+"""
+
+import ast
+import csv
+import gzip
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from adafuse.errors import DataError
+from adafuse.registry import Registry
+
+LOCAL = Registry("local data reader")
+HUB = Registry("hub data reader")
+
+
+@dataclass
+class Example:
+    id: str
+    fields: dict[str, str]  # what prompt templates may use: question, context, source, solution, answer
+    references: list[str]  # gold answers (aliases) or reference translations
+
+
+def _open(path: Path):
+    if not path.is_file():
+        raise DataError(f"data file {path} does not exist")
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
+
+
+def _json_lines(path: Path):
+    """(line number, record) per line. Splits on '\\n' only: some records hold U+0085 inside strings."""
+    with _open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{lineno}: malformed JSON ({err.msg})") from None
+            if not isinstance(record, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+            yield lineno, record
+
+
+def _field(record: dict, key: str, path, lineno, kind=None):
+    if key not in record:
+        raise DataError(f"{path}:{lineno}: missing field {key!r}")
+    value = record[key]
+    if kind is list and not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+        raise DataError(f"{path}:{lineno}: field {key!r} must be a non-empty list of strings")
+    if kind is str and not isinstance(value, str):
+        raise DataError(f"{path}:{lineno}: field {key!r} must be a string")
+    return value
+
+
+def _qa(example_id: str, question: str, answers: list[str], **extra) -> Example:
+    return Example(example_id, {"question": question.strip(), "answer": answers[0], **extra}, list(answers))
+
+
+# ---- GSM8K solutions -----------------------------------------------------------------------------
+
+_CALCULATOR = re.compile(r"<<[^>]*>>")
+
+
+def gsm_number(text: str) -> str:
+    return text.strip().replace(",", "").rstrip(".")
+
+
+def _gsm(example_id: str, question: str, solution: str, number: str) -> Example:
+    fields = {"question": question.strip(), "solution": solution.strip(), "answer": number}
+    return Example(example_id, fields, [number])
+
+
+def _gsm_official(example_id: str, question: str, answer: str, where: str) -> Example:
+    """'reasoning with <<calculator>> notes\\n#### 18' -> solution text and final number."""
+    if "####" not in answer:
+        raise DataError(f"{where}: GSM8K answer has no '#### <number>' line")
+    reasoning, number = answer.rsplit("####", 1)
+    return _gsm(example_id, question, _CALCULATOR.sub("", reasoning), gsm_number(number))
+
+
+# ---- local readers -------------------------------------------------------------------------------
+
+
+@LOCAL.register("qa_jsonl")
+def qa_jsonl(path: Path, prefix: str, skip: int = 0) -> list[Example]:
+    """{"question": str, "answer": [str, ...]} per line (NQ-open, the paper's NQ and TriviaQA files)."""
+    rows = []
+    for i, (lineno, r) in enumerate(_json_lines(path)):
+        if i >= skip:
+            question = _field(r, "question", path, lineno, str)
+            rows.append(_qa(f"{prefix}-{i}", question, _field(r, "answer", path, lineno, list)))
+    return rows
+
+
+@LOCAL.register("dpr_tsv")
+def dpr_tsv(path: Path, prefix: str) -> list[Example]:
+    """DPR-style TriviaQA: question<TAB>python list of aliases. CSV quoting as DPR's own loader reads it."""
+    rows = []
+    with _open(path) as f:
+        for lineno, row in enumerate(csv.reader(f, delimiter="\t"), 1):
+            if len(row) != 2:
+                raise DataError(f"{path}:{lineno}: expected 2 tab-separated columns, got {len(row)}")
+            try:
+                answers = ast.literal_eval(row[1])
+            except (ValueError, SyntaxError):
+                raise DataError(f"{path}:{lineno}: answers are not a Python list literal") from None
+            if not (isinstance(answers, list) and answers):
+                raise DataError(f"{path}:{lineno}: answers must be a non-empty list")
+            rows.append(_qa(f"{prefix}-{lineno - 1}", row[0], [str(a) for a in answers]))
+    return rows
+
+
+@LOCAL.register("squad_json")
+def squad_json(path: Path, articles: str = "all") -> list[Example]:
+    """Official SQuAD v1.1 JSON. `articles`: all, or head (all but the last) / tail (the last only), so
+    that without a train file the last dev article can supply exemplars and is not scored."""
+    with _open(path) as f:
+        try:
+            data = json.load(f)["data"]
+        except (json.JSONDecodeError, KeyError) as err:
+            raise DataError(f"{path}: not an official SQuAD JSON file ({err})") from None
+    chosen = {"all": data, "head": data[:-1], "tail": data[-1:]}[articles]
+    rows = []
+    for article in chosen:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                answers = [a["text"] for a in qa["answers"]]
+                rows.append(_qa(qa["id"], qa["question"], answers, context=paragraph["context"]))
+    return rows
+
+
+@LOCAL.register("squad_paper_jsonl")
+def squad_paper_jsonl(path: Path, prefix: str) -> list[Example]:
+    """The paper's squad_2500.jsonl: "question" is the context, a newline, then the question."""
+    rows = []
+    for i, (lineno, r) in enumerate(_json_lines(path)):
+        text = _field(r, "question", path, lineno, str)
+        if "\n" not in text:
+            raise DataError(f"{path}:{lineno}: expected 'context\\nquestion' in field 'question'")
+        context, question = text.rsplit("\n", 1)
+        rows.append(_qa(f"{prefix}-{i}", question, _field(r, "answer", path, lineno, list), context=context))
+    return rows
+
+
+@LOCAL.register("gsm_jsonl")
+def gsm_jsonl(path: Path, prefix: str) -> list[Example]:
+    """Official GSM8K: the answer's last line is '#### <number>'."""
+    return [
+        _gsm_official(
+            f"{prefix}-{i}",
+            _field(r, "question", path, lineno, str),
+            _field(r, "answer", path, lineno, str),
+            f"{path}:{lineno}",
+        )
+        for i, (lineno, r) in enumerate(_json_lines(path))
+    ]
+
+
+@LOCAL.register("gsm_paper_jsonl")
+def gsm_paper_jsonl(path: Path, prefix: str) -> list[Example]:
+    """The paper's cleaned GSM8K: no calculator notes, last line 'Therefore, the answer is <number>'."""
+    rows = []
+    for i, (lineno, r) in enumerate(_json_lines(path)):
+        answer = _field(r, "answer", path, lineno, str)
+        match = re.search(r"(?i)the answer is\s*(.+?)\s*$", answer)
+        if not match:
+            raise DataError(f"{path}:{lineno}: answer has no final 'the answer is <number>'")
+        solution = answer[: match.start()].rsplit("\n", 1)[0]
+        rows.append(_gsm(f"{prefix}-{i}", _field(r, "question", path, lineno, str), solution, gsm_number(match[1])))
+    return rows
+
+
+@LOCAL.register("flores_pair")
+def flores_pair(source: Path, target: Path, prefix: str) -> list[Example]:
+    """Two aligned FLORES files, one sentence per line."""
+    with _open(source) as f:
+        sources = f.read().split("\n")
+    with _open(target) as f:
+        targets = f.read().split("\n")
+    sources, targets = sources[:-1] if sources[-1] == "" else sources, targets[:-1] if targets[-1] == "" else targets
+    if len(sources) != len(targets):
+        raise DataError(f"{source} has {len(sources)} lines but {target} has {len(targets)}; they must align")
+    for lineno, (s, t) in enumerate(zip(sources, targets), 1):
+        if not s.strip() or not t.strip():
+            raise DataError(f"{source if not s.strip() else target}:{lineno}: empty sentence")
+    return [Example(f"{prefix}-{i}", {"source": s, "answer": t}, [t]) for i, (s, t) in enumerate(zip(sources, targets))]
+
+
+@LOCAL.register("flores_paper_jsonl")
+def flores_paper_jsonl(path: Path, prefix: str) -> list[Example]:
+    """The paper's FLORES files: {"id", "question": source sentence, "answer": reference}."""
+    rows = []
+    for i, (lineno, r) in enumerate(_json_lines(path)):
+        target = _field(r, "answer", path, lineno, str)
+        rows.append(
+            Example(f"{prefix}-{i}", {"source": _field(r, "question", path, lineno, str), "answer": target}, [target])
+        )
+    return rows
+
+
+@LOCAL.register("prompts_jsonl")
+def prompts_jsonl(path: Path) -> list[Example]:
+    """A user's own prompts: {"id", "prompt", optional "references": [str, ...]} per line."""
+    rows, seen = [], set()
+    for lineno, r in _json_lines(path):
+        example_id = str(_field(r, "id", path, lineno))
+        if example_id in seen:
+            raise DataError(f"{path}:{lineno}: duplicate id {example_id!r}")
+        seen.add(example_id)
+        references = _field(r, "references", path, lineno, list) if "references" in r else []
+        rows.append(Example(example_id, {"prompt": _field(r, "prompt", path, lineno, str)}, references))
+    return rows
+
+
+def read_local(spec: dict, data_dir: Path | None) -> list[Example]:
+    """Run a local reader; its file arguments are relative to `data_dir` unless absolute."""
+    spec = dict(spec)
+    reader = LOCAL[spec.pop("reader")]
+    for key in ("path", "source", "target"):
+        if key in spec:
+            path = Path(spec[key]).expanduser()
+            spec[key] = path if path.is_absolute() or data_dir is None else Path(data_dir) / path
+    if "file" in spec:
+        file = Path(spec.pop("file")).expanduser()
+        spec["path"] = file if file.is_absolute() or data_dir is None else Path(data_dir) / file
+    return reader(**spec)
+
+
+# ---- the Hugging Face hub ------------------------------------------------------------------------
+
+
+@HUB.register("nq_hub")
+def nq_hub(rows, prefix: str) -> list[Example]:
+    return [_qa(f"{prefix}-{i}", r["question"], list(r["answer"])) for i, r in enumerate(rows)]
+
+
+@HUB.register("trivia_hub")
+def trivia_hub(rows, prefix: str) -> list[Example]:
+    return [_qa(f"{prefix}-{r['question_id']}", r["question"], list(r["answer"]["aliases"])) for r in rows]
+
+
+@HUB.register("squad_hub")
+def squad_hub(rows) -> list[Example]:
+    return [_qa(r["id"], r["question"], list(r["answers"]["text"]), context=r["context"]) for r in rows]
+
+
+@HUB.register("gsm_hub")
+def gsm_hub(rows, prefix: str) -> list[Example]:
+    return [_gsm_official(f"{prefix}-{i}", r["question"], r["answer"], f"row {i}") for i, r in enumerate(rows)]
+
+
+def read_hub(spec: dict) -> list[Example]:
+    """Load a split from the hub with `datasets` (network, or the datasets cache) and convert its rows."""
+    spec = dict(spec)
+    reader = spec.pop("reader")
+    path, name, split = spec.pop("path"), spec.pop("name", None), spec.pop("split")
+    if reader == "flores_hub":
+        return _flores_hub(path, split, **spec)
+    convert = HUB[reader]
+    return convert(_load_dataset(path, name, split), **spec)
+
+
+def _flores_hub(path: str, split: str, source: str, target: str, prefix: str) -> list[Example]:
+    """FLORES+ keeps one config per language; rows align by their id."""
+    src, tgt = _load_dataset(path, source, split), _load_dataset(path, target, split)
+    targets = {r["id"]: r["text"] for r in tgt}
+    return [
+        Example(f"{prefix}-{i}", {"source": r["text"], "answer": targets[r["id"]]}, [targets[r["id"]]])
+        for i, r in enumerate(src)
+    ]
+
+
+def _load_dataset(path: str, name: str | None, split: str):
+    import datasets
+
+    try:
+        return datasets.load_dataset(path, name, split=split)
+    except Exception as err:  # network, gating, unknown split: all end the same way for the user
+        raise DataError(
+            f"cannot load {path}{f' ({name})' if name else ''} split {split!r} from the Hugging Face hub: {err}. "
+            "Without network access, point data.dir at a local copy (see README, 'Local data')."
+        ) from err

@@ -1,0 +1,170 @@
+"""One evaluation run: decode a task's examples with a method, score them, write and log the results.
+
+Order of work (each step can fail with a named error before the next costs anything):
+compose -> typed settings and range checks -> task names, data files and prompts -> run directory
+-> model files and weights -> context lengths -> decoding (resumable) -> metrics.
+"""
+
+import logging
+import platform
+import time
+from dataclasses import asdict
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from adafuse import Ensemble
+from adafuse.errors import ConfigError, ContextLengthError
+from eval.results import RunDir, git_sha
+from eval.tasks import Task, resolve_data_dir
+from eval.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+def settings_of(cfg: DictConfig):
+    """The typed settings; dataclass __post_init__ checks (tau >= 0, B >= 1, ...) run here."""
+    settings = OmegaConf.to_object(cfg)
+    if not settings.model_pair.members:
+        raise ConfigError(f"model_pair {settings.model_pair.name!r} lists no models")
+    return settings
+
+
+def main(cfg: DictConfig, run_dir: Path) -> dict:
+    settings = settings_of(cfg)
+    models = list(settings.model_pair.members.values())
+    if settings.method.name == "single":  # load only the model that decodes
+        if settings.method.member >= len(models):
+            raise ConfigError(f"method.member={settings.method.member}, but the pair has {len(models)} models")
+        models = [models[settings.method.member]]
+        settings.method.member = 0
+    settings.data.dir = resolve_data_dir(settings.data.dir)
+    task = Task(settings.task, settings.data)
+    prompts = {ex.id: task.prompt(ex) for ex in task.examples}
+
+    config = OmegaConf.to_container(cfg, resolve=True)
+    out = RunDir(run_dir, config)
+    todo = [ex for ex in task.examples if ex.id not in out.records]
+    log.info(
+        "%s: %d examples, %d already done, %d to decode",
+        task.name,
+        len(task.examples),
+        len(task.examples) - len(todo),
+        len(todo),
+    )
+
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    tracker = Tracker(settings.wandb, run_dir, config)
+    if todo:
+        ensemble = Ensemble.from_config(models, settings.cache_dir)
+        check_context(ensemble, [prompts[ex.id] for ex in todo], task, settings.method)
+        decode_all(ensemble, task, todo, prompts, settings, out, tracker)
+
+    records = [out.records[ex.id] for ex in task.examples]
+    metrics = summary(task, records, settings, models)
+    out.write_metrics(metrics)
+    tracker.finish(metrics, records)
+    log.info("%s", {k: round(v, 2) for k, v in metrics["metrics"].items()})
+    return metrics
+
+
+def check_context(ensemble: Ensemble, prompts: list[str], task: Task, method_cfg) -> None:
+    """Fail before decoding if any prompt cannot fit with the generation budget."""
+    words = getattr(method_cfg, "max_words", 0) * (getattr(method_cfg, "max_word_tokens", 0) + 4)
+    reserve = task.cfg.max_new_tokens + words
+    for member in ensemble.members:
+        if not member.max_positions:
+            continue
+        longest = max(len(member.encode(member.render(p))) for p in prompts)
+        if longest + reserve > member.max_positions:
+            raise ContextLengthError(
+                f"model {member.name!r}: the longest {task.name} prompt has {longest} tokens and decoding may add "
+                f"{reserve}, but the model's context holds {member.max_positions}"
+            )
+
+
+def decode_all(ensemble, task, todo, prompts, settings, out: RunDir, tracker) -> None:
+    primary = next(iter(task.metrics), None)
+    scale = task.metrics[primary].scale if primary else 1.0
+    done = [r["scores"][primary] for r in out.records.values() if primary in r["scores"]]
+    bar = tqdm(
+        todo, desc=f"{task.name} {settings.method.name}", unit="ex", disable=not settings.progress, dynamic_ncols=True
+    )
+    for example in bar:
+        gen = ensemble.decode(
+            prompts[example.id],
+            method=settings.method,
+            stop=task.cfg.stop,
+            max_new_tokens=task.cfg.max_new_tokens,
+            trace=settings.trace,
+        )
+        answer, scores = task.score(example, gen.text)
+        record = {
+            "id": example.id,
+            "prompt": prompts[example.id],
+            "prediction": gen.text,
+            "answer": answer,
+            "references": example.references,
+            "scores": scores,
+            "stats": asdict(gen.stats),
+        }
+        if gen.trace is not None:
+            record["trace"] = asdict(gen.trace)
+        out.append(record)
+        if primary in scores:
+            done.append(scores[primary])
+            bar.set_postfix({primary: f"{scale * sum(done) / len(done):.1f}"})
+        tracker.log_example(len(out.records), {k: v * task.metrics[k].scale for k, v in scores.items()}, gen.stats)
+
+
+def summary(task: Task, records: list[dict], settings, models) -> dict:
+    """metrics.json: what was run, every metric, and throughput."""
+    stats = [r["stats"] for r in records]
+    seconds = sum(s["seconds"] for s in stats)
+    rounds = sum(s["rounds"] for s in stats)
+    words = [w for s in stats for w in s["words_per_round"]]
+    method = {k: v for k, v in asdict(settings.method).items()}
+    return {
+        "task": task.name,
+        "task_version": task.cfg.version,
+        "variant": settings.data.variant,
+        "data_dir": settings.data.dir,  # None: the Hugging Face hub
+        "method": method,
+        "model_pair": settings.model_pair.name,
+        "models": [m.name for m in models],
+        "n": len(records),
+        "limit": task.cfg.limit,
+        "metrics": task.corpus_scores(records),
+        "throughput": {
+            "seconds": seconds,
+            "seconds_per_example": seconds / len(records),
+            "generated_tokens_per_second": [
+                t / seconds if seconds else 0.0 for t in _per_model(stats, "tokens_generated")
+            ],
+            "forward_passes": _per_model(stats, "forward_passes"),
+            "rounds_per_example": rounds / len(records),
+            "words_per_round": {str(k): words.count(k) / len(words) for k in sorted(set(words))} if words else {},
+        },
+        "environment": {
+            "git_sha": git_sha(),
+            "python": platform.python_version(),
+            **{pkg: _version(pkg) for pkg in ("torch", "transformers", "tokenizers", "sacrebleu", "datasets")},
+            "device": str(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else "cpu",
+        },
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _per_model(stats: list[dict], key: str) -> list[int]:
+    return [sum(s[key][k] for s in stats) for k in range(len(stats[0][key]))]
+
+
+def _version(package: str) -> str | None:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None

@@ -1,0 +1,156 @@
+"""A benchmark as the harness sees it: examples, few-shot prompt, stop strings, budget, extraction, metrics.
+
+The task's YAML (conf/task/<name>.yaml) is the declaration; this file turns it into prompts and
+scores. Nothing here is specific to one benchmark except through the readers it names.
+"""
+
+import logging
+import os
+import random
+from pathlib import Path
+
+from adafuse.errors import ConfigError, DataError
+from eval import paper_metrics  # noqa: F401  (registers the paper_* replicas in METRICS)
+from eval.data import Example, read_hub, read_local
+from eval.extract import EXTRACTORS, extract
+from eval.metrics import METRICS, spbleu_available
+
+log = logging.getLogger(__name__)
+
+VARIANTS = ("canonical", "paper")
+BESIDE_CHECKOUT = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def resolve_data_dir(value: str | None) -> str | None:
+    """data.dir=auto: $ADAFUSE_DATA_DIR, else ../shared/data beside the checkout, else None (the hub)."""
+    if value != "auto":
+        return value
+    if os.environ.get("ADAFUSE_DATA_DIR"):
+        return os.environ["ADAFUSE_DATA_DIR"]
+    return str(BESIDE_CHECKOUT) if BESIDE_CHECKOUT.is_dir() else None
+
+
+class Task:
+    def __init__(self, cfg, data):
+        """`cfg`: a TaskConf; `data`: a DataConf. Checks every name and file, then loads the examples."""
+        self.cfg, self.data = cfg, data
+        if data.variant not in VARIANTS:
+            raise ConfigError(f"data.variant must be one of {VARIANTS}, got {data.variant!r}")
+        for name in cfg.extract:
+            EXTRACTORS[name]
+        self.metrics = {reported: METRICS[key] for reported, key in cfg.metrics.items()}
+        if "spbleu" in cfg.metrics.values() and not spbleu_available():
+            log.info("spBLEU skipped: the FLORES SentencePiece model is not in sacrebleu's cache")
+            self.metrics = {r: m for r, m in self.metrics.items() if cfg.metrics[r] != "spbleu"}
+        self.prompt_file = self._read_prompt_file()
+        self.examples = self._load_examples()
+        self.shots = self._load_shots()
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    # ---- data -----------------------------------------------------------------------------------
+
+    def _source(self, sources: dict, what: str):
+        """The reader spec for this variant: the paper's files, a local folder, or the hub."""
+        if self.data.variant == "paper":
+            if self.data.dir is None:
+                raise ConfigError(
+                    "data.variant=paper reads the paper's own evaluation files: set data.dir to a folder that "
+                    "holds adafuse_local_datasets/ (the authors' local_datasets/, as in ../shared/data)"
+                )
+            kind = "paper"
+        else:
+            kind = "local" if self.data.dir is not None else "hub"
+        if kind not in sources:
+            raise ConfigError(f"task {self.name!r} has no {kind} source for its {what}")
+        return kind, sources[kind]
+
+    def _read(self, sources: dict, what: str) -> list[Example]:
+        kind, spec = self._source(sources, what)
+        rows = (
+            read_hub(spec)
+            if kind == "hub"
+            else read_local(spec, Path(self.data.dir).expanduser() if self.data.dir else None)
+        )
+        if not rows:
+            raise DataError(f"task {self.name!r}: the {what} ({spec}) hold no examples")
+        return rows
+
+    def _load_examples(self) -> list[Example]:
+        if self.cfg.path is not None:  # task=custom: the user's own prompts
+            rows = read_local({"reader": "prompts_jsonl", "file": self.cfg.path}, None)
+            if not rows:
+                raise DataError(f"{self.cfg.path} holds no prompts")
+        else:
+            rows = self._read(self.cfg.eval, "examples")
+        if self.cfg.limit is not None:
+            if self.cfg.limit < 1:
+                raise ConfigError(f"task.limit must be >= 1 (or null for all), got {self.cfg.limit}")
+            rows = rows[: self.cfg.limit]
+        return rows
+
+    def _load_shots(self) -> list[Example]:
+        if not self.cfg.num_fewshot or self.prompt_file is not None:
+            return []
+        pool = self._read(self.cfg.fewshot, "few-shot pool")
+        if len(pool) < self.cfg.num_fewshot:
+            raise DataError(f"task {self.name!r}: {self.cfg.num_fewshot} exemplars asked, the pool has {len(pool)}")
+        scored = {e.fields.get("question", e.fields.get("source")) for e in self.examples}
+        shots = random.Random(self.cfg.fewshot_seed).sample(pool, self.cfg.num_fewshot)
+        leaked = [s.id for s in shots if s.fields.get("question", s.fields.get("source")) in scored]
+        if leaked:
+            raise DataError(f"task {self.name!r}: exemplars {leaked} are also scored examples")
+        return shots
+
+    def _read_prompt_file(self) -> str | None:
+        if self.cfg.prompt_file is None:
+            return None
+        path = Path(self.cfg.prompt_file).expanduser()
+        if not path.is_file():
+            raise DataError(f"task.prompt_file {path} does not exist")
+        if self.cfg.paper_query is None:
+            raise ConfigError(f"task {self.name!r} defines no paper_query to follow a prompt file")
+        return path.read_text(encoding="utf-8")
+
+    # ---- prompts --------------------------------------------------------------------------------
+
+    def prompt(self, example: Example) -> str:
+        """Instruction, exemplars and query, separated by blank lines; or the paper's prompt file + query."""
+        if self.prompt_file is not None:
+            return self.prompt_file + _fill(self.cfg.paper_query, example, self.name)
+        parts = [self.cfg.instruction] if self.cfg.instruction else []
+        parts += [_fill(self.cfg.shot, shot, self.name) for shot in self.shots]
+        parts.append(_fill(self.cfg.query, example, self.name))
+        return "\n\n".join(parts)
+
+    # ---- scores ---------------------------------------------------------------------------------
+
+    def score(self, example: Example, prediction: str) -> tuple[str, dict[str, float]]:
+        """The extracted answer and the per-example scores (empty without references)."""
+        answer = extract(self.cfg.extract, prediction)
+        if not example.references:
+            return answer, {}
+        scores = {}
+        for reported, metric in self.metrics.items():
+            if metric.per_example is not None:
+                scores[reported] = metric.per_example(prediction if metric.raw else answer, example.references)
+        return answer, scores
+
+    def corpus_scores(self, records: list[dict]) -> dict[str, float]:
+        """Every metric over all records (in example order); no record is dropped."""
+        if not records or not all(r["references"] for r in records):
+            return {}
+        references = [r["references"] for r in records]
+        return {
+            reported: metric.corpus([r["prediction"] if metric.raw else r["answer"] for r in records], references)
+            for reported, metric in self.metrics.items()
+        }
+
+
+def _fill(template: str, example: Example, task: str) -> str:
+    try:
+        return template.format(**example.fields)
+    except KeyError as err:
+        raise ConfigError(f"task {task!r}: template {template!r} uses {err}, which its data does not have") from None
