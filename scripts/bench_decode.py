@@ -1,0 +1,196 @@
+"""Decoding speed, measured side by side in one run on the bundled pair (SmolLM2-135M + Gemma-3-270M).
+
+    python scripts/bench_decode.py                 # about 15 minutes on 2 CPU cores
+    python scripts/bench_decode.py --quick         # a smaller smoke version
+
+1. AdaFuse against the two models' greedy (`single`) decoding on the same real benchmark prompts
+   (../shared/data), interleaved prompt by prompt so that machine drift hits all three alike:
+   wall time ratio AdaFuse / (single A + single B), forward passes per round, tokens fed per
+   generated token per model; AdaFuse with B = 1 (no branching) alongside, to show what B = 3 costs.
+2. The fast decoder against the cache-free reference (tests/engine/reference.py) on few-shot
+   prompts of 500+ tokens: identical output, and the speed-up.
+Prints a table and writes the figures to results/bench/decode.json.
+"""
+
+import argparse
+import json
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from adafuse import AdaFuseConfig, Ensemble  # noqa: E402
+from adafuse.decode import generate  # noqa: E402
+from conf.schema import DataConf  # noqa: E402
+from eval.tasks import BESIDE_CHECKOUT, Task  # noqa: E402
+from tests.engine import reference  # noqa: E402
+from tests.harness import compose_run  # noqa: E402
+
+# (task, prompts, token budget): real prompts, as the harness builds them.
+SUITE = [("nq", 8, 32), ("triviaqa", 4, 32), ("squad", 4, 32), ("gsm8k", 4, 96), ("flores_de_en", 4, 64)]
+
+
+def task_prompts(name: str, count: int, data_dir: Path) -> tuple[list[str], list[str]]:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_object(compose_run(f"task={name}", f"task.limit={count}").task)
+    task = Task(cfg, DataConf(dir=str(data_dir)))
+    return [task.prompt(ex) for ex in task.examples], list(cfg.stop)
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+
+
+def compare_with_singles(ens: Ensemble, data_dir: Path, scale: float) -> dict:
+    runs = {
+        "adafuse": dict(method="adafuse"),
+        "adafuse_b1": dict(method="adafuse", branches=1),
+        "single_0": dict(method="single", member=0),
+        "single_1": dict(method="single", member=1),
+    }
+    totals = {
+        name: {"seconds": 0.0, "rounds": 0, "forward": [0, 0], "fed": [0, 0], "generated": [0, 0]} for name in runs
+    }
+    per_task = {}
+    for task, count, budget in SUITE:
+        prompts, stop = task_prompts(task, max(1, int(count * scale)), data_dir)
+        for kwargs in runs.values():  # warm-up: read the task's shared few-shot prefix once per method
+            ens.decode(prompts[0], stop=stop, max_new_tokens=1, **kwargs)
+        seconds = {name: 0.0 for name in runs}
+        for prompt in prompts:
+            for name, kwargs in runs.items():
+                gen = ens.decode(prompt, stop=stop, max_new_tokens=budget, **kwargs)
+                t = totals[name]
+                t["seconds"] += gen.stats.seconds
+                seconds[name] += gen.stats.seconds
+                t["rounds"] += gen.stats.rounds
+                members = [kwargs["member"]] if "member" in kwargs else [0, 1]
+                for k, member in enumerate(members):
+                    t["forward"][member] += gen.stats.forward_passes[k]
+                    t["fed"][member] += gen.stats.tokens_fed[k]
+                    t["generated"][member] += gen.stats.tokens_generated[k]
+        singles = seconds["single_0"] + seconds["single_1"]
+        per_task[task] = {
+            "prompts": len(prompts),
+            "budget": budget,
+            **seconds,
+            "ratio": seconds["adafuse"] / singles,
+            "ratio_b1": seconds["adafuse_b1"] / singles,
+        }
+        print(
+            f"  {task:13s} {len(prompts):2d} prompts  ratio {per_task[task]['ratio']:.2f} "
+            f"(B=1: {per_task[task]['ratio_b1']:.2f})",
+            flush=True,
+        )
+    af = totals["adafuse"]
+    singles = totals["single_0"]["seconds"] + totals["single_1"]["seconds"]
+    return {
+        "prompts": sum(t["prompts"] for t in per_task.values()),
+        "per_task": per_task,
+        "totals": totals,
+        "ratio_vs_sum_of_singles": af["seconds"] / singles,
+        "ratio_b1_vs_sum_of_singles": totals["adafuse_b1"]["seconds"] / singles,
+        "forward_passes_per_round": [f / af["rounds"] for f in af["forward"]],
+        "tokens_fed_per_generated_token": {
+            "adafuse": [f / max(g, 1) for f, g in zip(af["fed"], af["generated"])],
+            "single": [totals[f"single_{k}"]["fed"][k] / max(totals[f"single_{k}"]["generated"][k], 1) for k in (0, 1)],
+        },
+    }
+
+
+def compare_with_reference(ens: Ensemble, data_dir: Path, count: int, budget: int) -> dict:
+    """Fast vs cache-free reference on GSM8K prompts with 2 exemplars (700-900 tokens per model).
+
+    The fast decoder has read the shared exemplars once before timing, as it has on every example
+    of a task run but the first; the reference re-reads the whole context for every quantity.
+    """
+    shots = (data_dir / "adafuse_local_datasets/GSM/gsm_prompt.txt").read_text().split("\n\n\n")[:2]
+    questions = [json.loads(line)["question"] for line in (data_dir / "gsm8k/test.jsonl").open()][: count + 1]
+    prompts = ["\n\n\n".join(shots) + f"\n\nQuestion: {q}\nLet's think step by step\n" for q in questions]
+    cfg, fast_s, slow_s, identical, lengths = AdaFuseConfig(), 0.0, 0.0, 0, []
+    generate(ens.members, prompts.pop(), cfg, max_new_tokens=1)  # reads the shared exemplars
+    for prompt in prompts:
+        started = time.perf_counter()
+        fast = generate(ens.members, prompt, cfg, max_new_tokens=budget)
+        fast_s += time.perf_counter() - started
+        started = time.perf_counter()
+        slow_text, _ = reference.generate(ens.members, prompt, cfg, (), budget)
+        slow_s += time.perf_counter() - started
+        identical += slow_text == fast.text
+        lengths.append(min(len(m.encode(prompt)) for m in ens.members))
+        print(f"  {lengths[-1]} prompt tokens: fast {fast_s:.1f}s, reference {slow_s:.1f}s so far", flush=True)
+    return {
+        "prompts": len(prompts),
+        "prompt_tokens": lengths,
+        "budget": budget,
+        "fast_seconds": fast_s,
+        "reference_seconds": slow_s,
+        "speedup": slow_s / fast_s,
+        "identical_outputs": identical,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", type=Path, default=BESIDE_CHECKOUT)
+    parser.add_argument("--quick", action="store_true", help="a quarter of the prompts, one reference prompt")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=ROOT / "results/bench/decode.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    ens = Ensemble.from_config(["smollm2_135m", "gemma3_270m"])
+    print("1. AdaFuse vs the two single models (same prompts, interleaved)", flush=True)
+    singles = compare_with_singles(ens, args.data_dir, 0.25 if args.quick else 1.0)
+    print("2. fast decoder vs the cache-free reference (500+-token few-shot prompts)", flush=True)
+    ref = compare_with_reference(ens, args.data_dir, 1 if args.quick else 3, 16)
+
+    t = singles["totals"]
+    print(f"\nprompts: {singles['prompts']} real benchmark prompts ({', '.join(singles['per_task'])})")
+    print(
+        f"wall time: AdaFuse {t['adafuse']['seconds']:.1f}s, SmolLM2 {t['single_0']['seconds']:.1f}s, "
+        f"Gemma {t['single_1']['seconds']:.1f}s"
+    )
+    print(
+        f"AdaFuse / (sum of singles):           {singles['ratio_vs_sum_of_singles']:.2f}  (goal <= 1.3); "
+        f"with B = 1: {singles['ratio_b1_vs_sum_of_singles']:.2f}"
+    )
+    for task, row in singles["per_task"].items():
+        print(f"    {task:13s} {row['ratio']:.2f}   B = 1: {row['ratio_b1']:.2f}")
+    fwd = singles["forward_passes_per_round"]
+    print(f"forward passes per round (per model): {fwd[0]:.2f} / {fwd[1]:.2f}")
+    fed = singles["tokens_fed_per_generated_token"]
+    print(
+        f"tokens fed per generated token:       AdaFuse {fed['adafuse'][0]:.2f} / {fed['adafuse'][1]:.2f}, "
+        f"single {fed['single'][0]:.2f} / {fed['single'][1]:.2f} (includes the prompt prefill)"
+    )
+    print(
+        f"fast vs cache-free reference:         {ref['speedup']:.1f}x faster on {ref['prompts']} prompts of "
+        f"{min(ref['prompt_tokens'])}-{max(ref['prompt_tokens'])} tokens, {ref['budget']} new tokens "
+        f"(goal >= 20x); identical outputs {ref['identical_outputs']}/{ref['prompts']}"
+    )
+    print(f"peak RSS: {peak_rss_gb():.2f} GB")
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "singles": singles,
+        "reference": ref,
+        "peak_rss_gb": peak_rss_gb(),
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "quick": args.quick,
+    }
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Every config group combination composes; bad inputs fail before any model loads, naming the problem."""
+
+import itertools
+import time
+
+import pytest
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+from adafuse.config import AdaFuseConfig, SingleConfig
+from adafuse.errors import ConfigError
+from eval.runner import main, settings_of
+from run import run_id
+from tests.conftest import ROOT
+from tests.harness import compose_run
+
+PAIRS = sorted(p.stem for p in (ROOT / "conf/model_pair").glob("*.yaml"))
+METHODS = sorted(p.stem for p in (ROOT / "conf/method").glob("*.yaml"))
+TASKS = sorted(p.stem for p in (ROOT / "conf/task").glob("*.yaml"))
+
+
+def test_the_groups_hold_what_the_paper_needs():
+    assert {"tiny", "llama_mistral", "qwen_llama"} <= set(PAIRS)
+    assert {"adafuse", "single"} <= set(METHODS)
+    assert {"nq", "squad", "triviaqa", "gsm8k", "flores_en_de", "flores_de_en", "custom"} <= set(TASKS)
+
+
+@pytest.mark.parametrize("pair, method, task", list(itertools.product(PAIRS, METHODS, TASKS)))
+def test_every_combination_composes_into_typed_settings(pair, method, task):
+    extra = ["task.path=prompts.jsonl"] if task == "custom" else []
+    settings = settings_of(compose_run(f"model_pair={pair}", f"method={method}", f"task={task}", *extra))
+    assert settings.task.name == task and settings.model_pair.name == pair
+    assert isinstance(settings.method, AdaFuseConfig if method == "adafuse" else SingleConfig)
+    assert len(settings.model_pair.members) >= 2
+
+
+def test_the_papers_main_command_composes_to_the_full_benchmark_on_the_hub():
+    settings = settings_of(compose_run("model_pair=llama_mistral", "task=nq"))
+    members = list(settings.model_pair.members.values())
+    assert [m.path for m in members] == ["meta-llama/Llama-3.1-8B-Instruct", "mistralai/Mistral-7B-Instruct-v0.3"]
+    assert all(m.dtype == "bfloat16" and not m.trust_remote_code for m in members)
+    assert settings.task.limit is None  # all 3,610 questions
+    assert (settings.method.tau, settings.method.max_words, settings.method.branches) == (0.7, 3, 3)
+
+
+def test_the_embedded_default_is_the_tiny_pair_on_a_slice():
+    settings = settings_of(compose_run())
+    assert settings.model_pair.name == "tiny" and settings.method.name == "adafuse" and settings.task.name == "nq"
+    assert [m.bundle for m in settings.model_pair.members.values()] == ["smollm2_135m", "gemma3_270m"]
+    assert settings.task.limit == 50
+    assert settings_of(compose_run("task.limit=5")).task.limit == 5
+
+
+def test_only_internlm_trusts_remote_code():
+    trusting = [
+        m.name
+        for pair in PAIRS
+        for m in settings_of(compose_run(f"model_pair={pair}")).model_pair.members.values()
+        if m.trust_remote_code
+    ]
+    assert trusting == []
+    model = settings_of(compose_run("model@model_pair.members.m1=internlm3_8b_instruct")).model_pair.members["m1"]
+    assert model.trust_remote_code and model.path == "internlm/internlm3-8b-instruct"
+
+
+@pytest.mark.parametrize(
+    "override, valid",
+    [("task=nqq", "flores_de_en"), ("model_pair=llama", "llama_mistral"), ("method=adafus", "adafuse")],
+)
+def test_unknown_group_options_list_the_valid_choices(override, valid):
+    with pytest.raises(MissingConfigException) as err:
+        compose_run(override)
+    assert valid in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("method.tau=-0.1", "tau must be >= 0"),
+        ("method.branches=0", "branches must be >= 1"),
+        ("method.max_words=0", "max_words must be >= 1"),
+        ("method.fixed_words=0", "fixed_words must be >= 1"),
+    ],
+)
+def test_out_of_range_knobs_are_rejected_before_any_model_loads(override, message, tmp_path):
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=message):
+        main(compose_run(override, "wandb.mode=disabled"), tmp_path)
+    assert time.perf_counter() - started < 5  # no weights were loaded
+    assert not (tmp_path / "predictions.jsonl").exists()
+
+
+def test_tau_above_one_is_accepted():
+    assert settings_of(compose_run("method.tau=1.5")).method.tau == 1.5
+
+
+def test_misspelt_keys_fail_at_compose_time():
+    with pytest.raises((ConfigCompositionException, ConfigAttributeError, ConfigKeyError)):
+        compose_run("method.taux=0.5")
+    with pytest.raises((ConfigCompositionException, ConfigAttributeError, ConfigKeyError)):
+        compose_run("task.limt=5")
+
+
+def test_paper_variant_needs_the_papers_files(tmp_path):
+    with pytest.raises(ConfigError, match="adafuse_local_datasets"):
+        main(compose_run("data.variant=paper", "data.dir=null", "wandb.mode=disabled"), tmp_path)
+    with pytest.raises(ConfigError, match="data.variant must be one of"):
+        main(compose_run("data.variant=papr", "wandb.mode=disabled"), tmp_path)
+
+
+def test_the_run_id_names_the_settings_that_change_predictions():
+    assert run_id("") == "default"
+    assert run_id("method.tau=0.5,task.limit=5") == "method.tau=0.5,task.limit=5"
+    assert "/" not in run_id("task.path=/home/me/prompts.jsonl")

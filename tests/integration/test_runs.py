@@ -1,0 +1,232 @@
+"""End to end on the bundled pair: all six benchmarks with both methods, metric values recomputed
+independently from the written predictions, resume after SIGKILL, the offline W&B record."""
+
+import json
+import os
+import re
+import signal
+import string
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from adafuse.errors import ConfigError, ContextLengthError
+from eval.runner import main
+from tests.conftest import ROOT, SHARED_DATA
+from tests.harness import compose_run
+
+pytestmark = pytest.mark.slow
+
+TASKS = ["nq", "triviaqa", "squad", "gsm8k", "flores_en_de", "flores_de_en"]
+# Short budgets keep CI fast; QA answers fit, GSM8K chains and translations are cut (scored as they are).
+BUDGET = {"gsm8k": 40, "flores_en_de": 40, "flores_de_en": 40}
+
+
+def run_task(task: str, method: str, out: Path, *extra: str) -> dict:
+    overrides = [
+        f"task={task}",
+        f"method={method}",
+        "task.limit=5",
+        f"data.dir={SHARED_DATA}",
+        "wandb.mode=disabled",
+        "progress=false",
+        *extra,
+    ]
+    if task in BUDGET:
+        overrides.append(f"task.max_new_tokens={BUDGET[task]}")
+    return main(compose_run(*overrides), out)
+
+
+def read_predictions(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+
+
+# Independent, hand-written re-implementations of the scores, to check the harness's numbers.
+def squad_normal(text: str) -> str:
+    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+    return " ".join(w for w in text.split() if w not in ("a", "an", "the"))
+
+
+def token_f1(pred: str, gold: str) -> float:
+    p, g = squad_normal(pred).split(), squad_normal(gold).split()
+    same = sum((Counter(p) & Counter(g)).values())
+    return 0.0 if same == 0 else 2 * same / (len(p) + len(g))
+
+
+def sacrebleu_cli(tmp_path: Path, hyps: list[str], refs: list[str], metric: str) -> float:
+    (tmp_path / "hyp.txt").write_text("".join(h + "\n" for h in hyps))
+    (tmp_path / "ref.txt").write_text("".join(r + "\n" for r in refs))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sacrebleu",
+            str(tmp_path / "ref.txt"),
+            "-i",
+            str(tmp_path / "hyp.txt"),
+            "-m",
+            metric,
+            "-b",
+            "-w",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(out.stdout.strip())
+
+
+@pytest.mark.parametrize("method", ["adafuse", "single"])
+@pytest.mark.parametrize("task", TASKS)
+def test_each_benchmark_runs_and_scores_what_it_wrote(task, method, tmp_path):
+    out = tmp_path / "run"
+    metrics = run_task(task, method, out)
+    records = read_predictions(out)
+    assert [r["id"] for r in records] == [f"{r['id']}" for r in records] and len(records) == 5
+    assert metrics["n"] == 5 and metrics["task"] == task and metrics["method"]["name"] == method
+    assert metrics["models"] == (["smollm2_135m", "gemma3_270m"] if method == "adafuse" else ["smollm2_135m"])
+    assert json.loads((out / "metrics.json").read_text()) == metrics
+    assert yaml.safe_load((out / "config.yaml").read_text())["task"]["name"] == task
+    for r in records:
+        assert set(r) >= {"id", "prompt", "prediction", "answer", "references", "scores", "stats"}
+        assert r["stats"]["stop_reason"] in ("eos", "stop", "length")
+        assert not any(s in r["prediction"] for s in ("\n",) if task != "gsm8k")  # cut at the stop string
+    got = metrics["metrics"]
+    answers, refs = [r["answer"] for r in records], [r["references"] for r in records]
+    if task in ("nq", "triviaqa", "squad"):
+        em = [max(float(squad_normal(a) == squad_normal(g)) for g in gs) for a, gs in zip(answers, refs)]
+        f1 = [max(token_f1(a, g) for g in gs) for a, gs in zip(answers, refs)]
+        assert got["em"] == pytest.approx(100 * sum(em) / 5) and got["f1"] == pytest.approx(100 * sum(f1) / 5)
+        assert [r["scores"]["em"] for r in records] == em
+        assert 0 <= got["paper_em"] <= 100
+    elif task == "gsm8k":
+        numbers = [re.findall(r"-?\d+(?:\.\d+)?", a.replace(",", "")) for a in answers]
+        acc = [float(bool(n) and float(n[-1]) == float(gs[0])) for n, gs in zip(numbers, refs)]
+        assert got["acc"] == pytest.approx(100 * sum(acc) / 5)
+        assert 0 <= got["paper_acc"] <= 100
+    else:
+        references = [gs[0] for gs in refs]
+        assert got["bleu"] == pytest.approx(sacrebleu_cli(tmp_path, answers, references, "bleu"), abs=1e-3)
+        assert got["chrf"] == pytest.approx(sacrebleu_cli(tmp_path, answers, references, "chrf"), abs=1e-3)
+        assert 0 <= got["paper_bleu"] <= 100
+
+
+def test_a_run_killed_with_sigkill_resumes_without_losing_or_repeating_examples(tmp_path):
+    out = tmp_path / "run"
+    command = [
+        sys.executable,
+        str(ROOT / "run.py"),
+        "task=nq",
+        "task.limit=8",
+        f"data.dir={SHARED_DATA}",
+        "wandb.mode=disabled",
+        "progress=false",
+        f"hydra.run.dir={out}",
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    predictions = out / "predictions.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and (not predictions.exists() or predictions.read_text().count("\n") < 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = predictions.read_text().splitlines()
+    assert 3 <= len(before) < 8, "the run should have been killed part-way"
+    with open(predictions, "a") as f:  # as if the kill had landed in the middle of a write
+        f.write('{"id": "nq-9", "predic')
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    after = predictions.read_text().splitlines()
+    ids = [json.loads(line)["id"] for line in after]
+    assert sorted(ids) == sorted(f"nq-{i}" for i in range(8)) and len(ids) == len(set(ids))
+    assert after[: len(before)] == before  # finished examples were kept as written
+    assert json.loads((out / "metrics.json").read_text())["n"] == 8
+
+
+def test_resuming_with_other_settings_is_refused(tmp_path):
+    out = tmp_path / "run"
+    run_task("nq", "single", out, "task.limit=2")
+    with pytest.raises(ConfigError, match="method"):
+        run_task("nq", "single", out, "task.limit=2", "method.member=1")
+    again = run_task("nq", "single", out, "task.limit=3")  # a longer slice of the same run is fine
+    assert again["n"] == 3 and len(read_predictions(out)) == 3
+
+
+def wandb_records(path: Path):
+    """Records of a W&B transaction log (.wandb): 32 KiB blocks of (crc32, length, type, data) chunks."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, chunk = path.read_bytes(), 7, b""
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        if left < 7 or data[pos + 6] == 0:  # block trailer or zero padding
+            pos += left
+            continue
+        length = int.from_bytes(data[pos + 4 : pos + 6], "little")
+        chunk += data[pos + 7 : pos + 7 + length]
+        if data[pos + 6] in (1, 4):  # a full record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(chunk)
+            yield record
+            chunk = b""
+        pos += 7 + length
+
+
+def test_offline_wandb_run_holds_config_running_and_final_metrics(tmp_path):
+    out = tmp_path / "run"
+    metrics = run_task("nq", "single", out, "wandb.mode=offline", "task.limit=3")
+    (log,) = out.glob("wandb/offline-run-*/run-*.wandb")
+    summary, history, config = {}, [], set()
+    for record in wandb_records(log):
+        kind = record.WhichOneof("record_type")
+        if kind == "summary":
+            summary.update(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.summary.update}
+            )
+        elif kind == "history":
+            history.append({item.key or "/".join(item.nested_key) for item in record.history.item})
+        elif kind == "run":
+            config.update(item.key for item in record.run.config.update)
+    assert {"model_pair", "method", "task"} <= config
+    for name, value in metrics["metrics"].items():
+        assert summary[f"final/{name}"] == pytest.approx(value)
+    assert sum("running/em" in keys for keys in history) == 3
+    assert any(key.startswith("predictions") for keys in history for key in keys)  # the table
+
+
+def test_a_prompt_longer_than_a_models_context_is_refused_before_decoding(tmp_path):
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text(json.dumps({"id": "long", "prompt": "word " * 9000}) + "\n")
+    with pytest.raises(ContextLengthError, match="smollm2_135m.*8192"):
+        main(compose_run("task=custom", f"task.path={prompts}", "wandb.mode=disabled"), tmp_path / "run")
+    assert not (tmp_path / "run" / "predictions.jsonl").exists()
+
+
+def test_custom_prompts_with_references_are_decoded_and_scored(tmp_path):
+    prompts = tmp_path / "mine.jsonl"
+    rows = [
+        {"id": "fr", "prompt": "Question: What is the capital of France?\nAnswer:", "references": ["Paris"]},
+        {"id": "de", "prompt": "Question: What is the capital of Germany?\nAnswer:", "references": ["Berlin"]},
+    ]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    metrics = main(
+        compose_run(
+            "task=custom",
+            f"task.path={prompts}",
+            'task.stop=["\\n"]',
+            "task.max_new_tokens=8",
+            "wandb.mode=disabled",
+            "progress=false",
+        ),
+        tmp_path / "run",
+    )
+    records = read_predictions(tmp_path / "run")
+    assert [r["id"] for r in records] == ["fr", "de"] and [r["prompt"] for r in records] == [r["prompt"] for r in rows]
+    assert metrics["metrics"]["em"] == pytest.approx(100 * sum(r["scores"]["em"] for r in records) / 2)
