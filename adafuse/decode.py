@@ -39,7 +39,7 @@ class Proposal:
     """One model's candidate, with the fork row that holds its tokens (so committing it reads nothing)."""
 
     words: list[Word]
-    rows: Rows | None
+    rows: Rows
     row: int
 
     @property
@@ -62,7 +62,7 @@ class Candidate:
     words: int
     proposals: dict[int, Proposal] = field(default_factory=dict)  # model index -> its own proposal
     scores: list[Score] = field(default_factory=list)
-    homes: list[tuple[Rows | None, int]] = field(default_factory=list)  # per model: where its ids are cached
+    homes: list[tuple[Rows, int]] = field(default_factory=list)  # per model: the fork row holding its ids
 
     @property
     def proposers(self) -> list[int]:
@@ -74,10 +74,9 @@ def generate(
 ) -> Generation:
     """Decode `prompt` with the ensemble `members` (K >= 1)."""
     started = time.perf_counter()
-    reserve = max_new_tokens + cfg.max_words * (cfg.max_word_tokens + _CHAR_SLACK)
     for m in members:
         m.reset_counters()
-        m.start(prompt, reserve=reserve)
+        m.start(prompt, reserve=positions_needed(cfg, max_new_tokens))
     record = Trace(prompt_ids=[list(m.ids) for m in members]) if trace else None
     prefixes = [m.render(prompt) for m in members]
     stats, text = Stats(), ""
@@ -105,6 +104,11 @@ def generate(
     return Generation(text=text, stats=stats, ids=ids, trace=record)
 
 
+def positions_needed(cfg: AdaFuseConfig, max_new_tokens: int) -> int:
+    """Context positions decoding may use after the prompt: the budget, overrun by at most one round."""
+    return max_new_tokens + (cfg.fixed_words or cfg.max_words) * (cfg.max_word_tokens + _CHAR_SLACK)
+
+
 # ---- one model's proposal (spec §3) --------------------------------------------------------------
 
 
@@ -115,15 +119,17 @@ def margin(logprobs: torch.Tensor) -> float:
 
 
 def propose(m: Member, cfg: AdaFuseConfig) -> tuple[list[Proposal], ModelRound]:
+    """One model's candidates for this round, and the trace of its margins and committed words."""
+    adaptive = cfg.fixed_words is None  # the ablation commits fixed_words greedy words, no confidence test
     rows = m.fork(1)
     logprobs, words, margins = m.logprobs, [], []
-    for _ in range(cfg.fixed_words or cfg.max_words):
-        if cfg.fixed_words is None:
+    for _ in range(cfg.max_words if adaptive else cfg.fixed_words):
+        if adaptive:
             margins.append(margin(logprobs))
-        if cfg.fixed_words is None and margins[-1] < cfg.tau:
-            branches = explore(m, rows, words, logprobs, cfg)
-            round_ = ModelRound(margins, [w.text for w in words], branched=True)
-            return [Proposal(words + [w], r, i) for w, (r, i) in branches], round_
+            if margins[-1] < cfg.tau:  # an uncertain word: explore it, and end the round
+                branches = explore(m, rows, words, logprobs, cfg)
+                round_ = ModelRound(margins, [w.text for w in words], branched=True)
+                return [Proposal(words + [w], r, i) for w, (r, i) in branches], round_
         (word,) = complete_words(m, rows, [int(logprobs.argmax())], logprobs, words, cfg.max_word_tokens)
         words.append(word)
         if word.eos:

@@ -13,6 +13,10 @@ from adafuse.model import Member
 from adafuse.trace import Generation, Stats
 
 
+def positions_needed(cfg: SingleConfig, max_new_tokens: int) -> int:
+    return max_new_tokens
+
+
 def generate(
     members: list[Member], prompt: str, cfg: SingleConfig, *, stop=(), max_new_tokens: int = 64, trace: bool = False
 ) -> Generation:
@@ -21,7 +25,7 @@ def generate(
     started = time.perf_counter()
     m = members[cfg.member]
     m.reset_counters()
-    m.start(prompt, reserve=max_new_tokens)
+    m.start(prompt, reserve=positions_needed(cfg, max_new_tokens))
     generated: list[int] = []
     text, stats = "", Stats()
     while not stats.stop_reason:

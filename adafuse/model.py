@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from adafuse.errors import ContextLengthError
+from adafuse.errors import ConfigError, ContextLengthError, DataError
 from adafuse.words import Detokenizer
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class Member:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._can_keep_last = "logits_to_keep" in params
         if chat_template and not tokenizer.chat_template:
-            raise ValueError(f"model {name!r} has no chat template; set chat_template=false for it")
+            raise ConfigError(f"model {name!r} has no chat template; set chat_template: false for it")
         self.ids: list[int] = []
         self.cache: DynamicCache | None = None
         self.logprobs: torch.Tensor | None = None
@@ -89,7 +89,7 @@ class Member:
         ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
         ids.discard(None)
         if not ids:
-            raise ValueError(f"model {self.name!r} defines no end-of-sequence token")
+            raise ConfigError(f"model {self.name!r} defines no end-of-sequence token")
         return frozenset(ids)
 
     # ---- tokens ---------------------------------------------------------------------------------
@@ -120,19 +120,24 @@ class Member:
 
     # ---- the committed context ------------------------------------------------------------------
 
+    def prompt_ids(self, prompt: str, reserve: int = 0) -> list[int]:
+        """The prompt's ids; raises if they leave fewer than `reserve` positions of the model's context."""
+        ids = self.encode(self.render(prompt))
+        if not ids:
+            raise DataError(f"model {self.name!r}: the prompt encodes to no tokens (an empty prompt?)")
+        if self.max_positions and len(ids) + reserve > self.max_positions:
+            raise ContextLengthError(
+                f"model {self.name!r}: a prompt has {len(ids)} tokens and decoding may add {reserve}, "
+                f"but the model's context holds {self.max_positions}"
+            )
+        return ids
+
     def start(self, prompt: str, reserve: int = 0) -> None:
         """Make `prompt` the context; tokens shared with the previous context are not read again.
 
-        `reserve` is how many more positions decoding may need; a prompt that leaves fewer raises.
+        `reserve` is how many more positions decoding may need (see `prompt_ids`).
         """
-        ids = self.encode(self.render(prompt))
-        if not ids:
-            raise ValueError(f"model {self.name!r}: the prompt encodes to no tokens")
-        if self.max_positions and len(ids) + reserve > self.max_positions:
-            raise ContextLengthError(
-                f"model {self.name!r}: the prompt has {len(ids)} tokens and decoding may add {reserve}, "
-                f"but the model's context holds {self.max_positions}"
-            )
+        ids = self.prompt_ids(prompt, reserve)
         keep = min(_common_prefix(self.ids, ids), len(ids) - 1)  # re-read >= 1 token for its logits
         if keep == 0:
             self.cache = DynamicCache()

@@ -8,7 +8,7 @@ compose -> typed settings and range checks -> task names, data files and prompts
 import logging
 import platform
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -17,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from adafuse import Ensemble
-from adafuse.errors import ConfigError, ContextLengthError
+from adafuse.errors import ConfigError
+from adafuse.methods import METHODS
 from eval.results import RunDir, git_sha
 from eval.tasks import Task, resolve_data_dir
 from eval.tracking import Tracker
@@ -35,12 +36,11 @@ def settings_of(cfg: DictConfig):
 
 def main(cfg: DictConfig, run_dir: Path) -> dict:
     settings = settings_of(cfg)
-    models = list(settings.model_pair.members.values())
-    if settings.method.name == "single":  # load only the model that decodes
-        if settings.method.member >= len(models):
-            raise ConfigError(f"method.member={settings.method.member}, but the pair has {len(models)} models")
-        models = [models[settings.method.member]]
-        settings.method.member = 0
+    models, method = list(settings.model_pair.members.values()), settings.method
+    if method.name == "single":  # load only the model that decodes
+        if method.member >= len(models):
+            raise ConfigError(f"method.member={method.member}, but the pair has {len(models)} models")
+        models, method = [models[method.member]], replace(method, member=0)
     settings.data.dir = resolve_data_dir(settings.data.dir)
     task = Task(settings.task, settings.data)
     prompts = {ex.id: task.prompt(ex) for ex in task.examples}
@@ -61,8 +61,8 @@ def main(cfg: DictConfig, run_dir: Path) -> dict:
     tracker = Tracker(settings.wandb, run_dir, config)
     if todo:
         ensemble = Ensemble.from_config(models, settings.cache_dir)
-        check_context(ensemble, [prompts[ex.id] for ex in todo], task, settings.method)
-        decode_all(ensemble, task, todo, prompts, settings, out, tracker)
+        check_context(ensemble, [prompts[ex.id] for ex in todo], task, method)
+        decode_all(ensemble, task, todo, prompts, method, settings, out, tracker)
 
     records = [out.records[ex.id] for ex in task.examples]
     metrics = summary(task, records, settings, models)
@@ -72,32 +72,23 @@ def main(cfg: DictConfig, run_dir: Path) -> dict:
     return metrics
 
 
-def check_context(ensemble: Ensemble, prompts: list[str], task: Task, method_cfg) -> None:
+def check_context(ensemble: Ensemble, prompts: list[str], task: Task, method) -> None:
     """Fail before decoding if any prompt cannot fit with the generation budget."""
-    words = getattr(method_cfg, "max_words", 0) * (getattr(method_cfg, "max_word_tokens", 0) + 4)
-    reserve = task.cfg.max_new_tokens + words
+    reserve = METHODS[method.name].positions_needed(method, task.cfg.max_new_tokens)
     for member in ensemble.members:
-        if not member.max_positions:
-            continue
-        longest = max(len(member.encode(member.render(p))) for p in prompts)
-        if longest + reserve > member.max_positions:
-            raise ContextLengthError(
-                f"model {member.name!r}: the longest {task.name} prompt has {longest} tokens and decoding may add "
-                f"{reserve}, but the model's context holds {member.max_positions}"
-            )
+        for prompt in prompts:
+            member.prompt_ids(prompt, reserve)
 
 
-def decode_all(ensemble, task, todo, prompts, settings, out: RunDir, tracker) -> None:
+def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tracker) -> None:
     primary = next(iter(task.metrics), None)
     scale = task.metrics[primary].scale if primary else 1.0
     done = [r["scores"][primary] for r in out.records.values() if primary in r["scores"]]
-    bar = tqdm(
-        todo, desc=f"{task.name} {settings.method.name}", unit="ex", disable=not settings.progress, dynamic_ncols=True
-    )
+    bar = tqdm(todo, desc=f"{task.name} {method.name}", unit="ex", disable=not settings.progress, dynamic_ncols=True)
     for example in bar:
         gen = ensemble.decode(
             prompts[example.id],
-            method=settings.method,
+            method=method,
             stop=task.cfg.stop,
             max_new_tokens=task.cfg.max_new_tokens,
             trace=settings.trace,
@@ -127,13 +118,12 @@ def summary(task: Task, records: list[dict], settings, models) -> dict:
     seconds = sum(s["seconds"] for s in stats)
     rounds = sum(s["rounds"] for s in stats)
     words = [w for s in stats for w in s["words_per_round"]]
-    method = {k: v for k, v in asdict(settings.method).items()}
     return {
         "task": task.name,
         "task_version": task.cfg.version,
         "variant": settings.data.variant,
         "data_dir": settings.data.dir,  # None: the Hugging Face hub
-        "method": method,
+        "method": asdict(settings.method),
         "model_pair": settings.model_pair.name,
         "models": [m.name for m in models],
         "n": len(records),

@@ -157,6 +157,8 @@ def test_resuming_with_other_settings_is_refused(tmp_path):
         run_task("nq", "single", out, "task.limit=2", "method.member=1")
     again = run_task("nq", "single", out, "task.limit=3")  # a longer slice of the same run is fine
     assert again["n"] == 3 and len(read_predictions(out)) == 3
+    other = run_task("nq", "single", tmp_path / "other", "task.limit=2", "method.member=1")
+    assert other["method"]["member"] == 1 and other["models"] == ["gemma3_270m"]
 
 
 def wandb_records(path: Path):
