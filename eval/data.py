@@ -270,11 +270,16 @@ def read_hub(spec: dict) -> list[Example]:
 
 
 def _flores_hub(path: str, split: str, source: str, target: str, prefix: str) -> list[Example]:
-    """FLORES+ keeps one config per language; rows align by their id."""
+    """FLORES keeps one config per language; rows align by their id. The sentence field is `text` in
+    FLORES+ (openlanguagedata/flores_plus) and `sentence` in the original (facebook/flores)."""
     src, tgt = _load_dataset(path, source, split), _load_dataset(path, target, split)
-    targets = {r["id"]: r["text"] for r in tgt}
+    targets = {r["id"]: r.get("text", r.get("sentence")) for r in tgt}
     return [
-        Example(f"{prefix}-{i}", {"source": r["text"], "answer": targets[r["id"]]}, [targets[r["id"]]])
+        Example(
+            f"{prefix}-{i}",
+            {"source": r.get("text", r.get("sentence")), "answer": targets[r["id"]]},
+            [targets[r["id"]]],
+        )
         for i, r in enumerate(src)
     ]
 
