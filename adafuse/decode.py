@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from adafuse.config import AdaFuseConfig
-from adafuse.model import Member, Rows, _common_prefix
+from adafuse.errors import DataError
+from adafuse.model import Member, Rows, common_prefix
 from adafuse.trace import CandidateTrace, Generation, ModelRound, RoundTrace, Score, Stats, Trace
 from adafuse.words import ends_inside_char, is_word_complete
 
@@ -283,7 +284,9 @@ def score_foreign(m: Member, prefix_text: str, cands: list[Candidate]) -> list[t
     re-tokenised ids count as part of the candidate (spec §4).
     """
     encoded = [m.encode(prefix_text + c.text) for c in cands]
-    kept = [_common_prefix(e, m.ids) for e in encoded]
+    kept = [common_prefix(e, m.ids) for e in encoded]
+    if min(kept) == 0:  # only a one-token prompt can re-tokenise from its very first token
+        raise DataError(f"model {m.name!r}: the prompt is too short to score {cands[kept.index(0)].text!r} after it")
     # Reading starts at the shortest kept context; one position earlier if that is inside the
     # committed context, since the first scored token needs the logits of the token before it.
     base = len(m.ids) if min(kept) == len(m.ids) else min(kept) - 1

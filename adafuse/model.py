@@ -45,7 +45,8 @@ def _derive(cache: DynamicCache, view) -> DynamicCache:
     return derived
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two id lists (list slices compare in C; bisect on a miss)."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n
@@ -138,7 +139,7 @@ class Member:
         `reserve` is how many more positions decoding may need (see `prompt_ids`).
         """
         ids = self.prompt_ids(prompt, reserve)
-        keep = min(_common_prefix(self.ids, ids), len(ids) - 1)  # re-read >= 1 token for its logits
+        keep = min(common_prefix(self.ids, ids), len(ids) - 1)  # re-read >= 1 token for its logits
         if keep == 0:
             self.cache = DynamicCache()
         else:

@@ -8,6 +8,7 @@ import torch
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
 from adafuse.decode import choose_winner, cut_at_stop, margin
 from adafuse.errors import ConfigError, UnknownNameError
+from adafuse.model import common_prefix
 from adafuse.registry import Registry
 
 
@@ -82,3 +83,19 @@ def test_registry_miss_lists_close_matches_and_all_choices():
         reg["sqaud"]
     assert "Did you mean 'squad'" in str(err.value)
     assert "nq, squad" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "a, b, length",
+    [
+        ([], [], 0),
+        ([1, 2, 3], [1, 2, 3], 3),
+        ([1, 2, 3], [1, 2], 2),
+        ([1, 2, 3], [1, 9, 3], 1),
+        ([5], [6], 0),
+        (list(range(1000)), list(range(999)) + [7], 999),
+        (list(range(1000)), [0, 1, 2, 8], 3),
+    ],
+)
+def test_common_prefix(a, b, length):
+    assert common_prefix(a, b) == common_prefix(b, a) == length
