@@ -79,13 +79,12 @@ def generate(
         m.reset_counters()
         m.start(prompt, reserve=positions_needed(cfg, max_new_tokens))
     record = Trace(prompt_ids=[list(m.ids) for m in members]) if trace else None
-    prefixes = [m.render(prompt) for m in members]
     stats, text = Stats(), ""
     while not stats.stop_reason:
         proposals, model_rounds = zip(*(propose(m, cfg) for m in members))
         pool = build_pool(proposals)
         for k, m in enumerate(members):
-            score_candidates(m, k, prefixes[k] + text, pool)
+            score_candidates(m, k, m.prompt_text + text, pool)
         fused = [sum(s.nll for s in c.scores) / len(members) for c in pool]
         winner = choose_winner(fused)
         best = pool[winner]

@@ -79,6 +79,7 @@ class Member:
         self.ids: list[int] = []
         self.cache: DynamicCache | None = None
         self.logprobs: torch.Tensor | None = None
+        self.prompt_text = ""  # the prompt as this model reads it (see `render`)
         self.prompt_len = 0
         self.forward_passes = 0
         self.tokens_fed = 0
@@ -139,6 +140,7 @@ class Member:
         `reserve` is how many more positions decoding may need (see `prompt_ids`).
         """
         ids = self.prompt_ids(prompt, reserve)
+        self.prompt_text = self.render(prompt)
         keep = min(common_prefix(self.ids, ids), len(ids) - 1)  # re-read >= 1 token for its logits
         if keep == 0:
             self.cache = DynamicCache()
