@@ -179,14 +179,17 @@ def gsm_paper_jsonl(path: Path, prefix: str) -> list[Example]:
     return rows
 
 
+def _sentences(path: Path) -> list[str]:
+    """One sentence per line; the file's final newline ends the last line rather than adding an empty one."""
+    with _open(path) as f:
+        text = f.read()
+    return text.removesuffix("\n").split("\n") if text else []
+
+
 @LOCAL.register("flores_pair")
 def flores_pair(source: Path, target: Path, prefix: str) -> list[Example]:
     """Two aligned FLORES files, one sentence per line."""
-    with _open(source) as f:
-        sources = f.read().split("\n")
-    with _open(target) as f:
-        targets = f.read().split("\n")
-    sources, targets = sources[:-1] if sources[-1] == "" else sources, targets[:-1] if targets[-1] == "" else targets
+    sources, targets = _sentences(source), _sentences(target)
     if len(sources) != len(targets):
         raise DataError(f"{source} has {len(sources)} lines but {target} has {len(targets)}; they must align")
     for lineno, (s, t) in enumerate(zip(sources, targets), 1):

@@ -97,9 +97,9 @@ class Task:
         pool = self._read(self.cfg.fewshot, "few-shot pool")
         if len(pool) < self.cfg.num_fewshot:
             raise DataError(f"task {self.name!r}: {self.cfg.num_fewshot} exemplars asked, the pool has {len(pool)}")
-        scored = {e.fields.get("question", e.fields.get("source")) for e in self.examples}
+        scored = {_input_text(e) for e in self.examples}
         shots = random.Random(self.cfg.fewshot_seed).sample(pool, self.cfg.num_fewshot)
-        leaked = [s.id for s in shots if s.fields.get("question", s.fields.get("source")) in scored]
+        leaked = [s.id for s in shots if _input_text(s) in scored]
         if leaked:
             raise DataError(f"task {self.name!r}: exemplars {leaked} are also scored examples")
         return shots
@@ -147,6 +147,11 @@ class Task:
             reported: metric.corpus([r["prediction"] if metric.raw else r["answer"] for r in records], references)
             for reported, metric in self.metrics.items()
         }
+
+
+def _input_text(example: Example) -> str | None:
+    """What the model is asked about: a question, or a sentence to translate."""
+    return example.fields.get("question", example.fields.get("source"))
 
 
 def _fill(template: str, example: Example, task: str) -> str:
