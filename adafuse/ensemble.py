@@ -6,13 +6,15 @@ gen = ens.decode("Question: What is the capital of France?\\nAnswer:", stop=["\\
 gen.text, gen.stats, gen.trace
 """
 
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, fields
 from pathlib import Path
 
 import yaml
 
+from adafuse.batching import Scheduler, decode_many
 from adafuse.config import ModelConfig
-from adafuse.errors import UnknownNameError
+from adafuse.errors import ConfigError, UnknownNameError
 from adafuse.loading import load_pretrained
 from adafuse.methods import METHODS
 from adafuse.model import Member
@@ -30,8 +32,15 @@ def model_config(entry) -> ModelConfig:
         if not path.is_file():
             raise UnknownNameError("model", entry, [p.stem for p in MODEL_CONFIGS.glob("*.yaml")])
         entry = yaml.safe_load(path.read_text())
+        entry.pop("defaults", None)  # Hydra's composition list, not a setting
     known = {f.name for f in fields(ModelConfig)}
-    return ModelConfig(**{k: v for k, v in dict(entry).items() if k in known})
+    unknown = sorted(set(dict(entry)) - known)
+    if unknown:
+        raise ConfigError(
+            f"model {dict(entry).get('name')!r}: unknown setting(s) {', '.join(unknown)}; "
+            f"valid: {', '.join(sorted(known))}"
+        )
+    return ModelConfig(**dict(entry))
 
 
 class Ensemble:
@@ -41,12 +50,20 @@ class Ensemble:
         self.members = members
 
     @classmethod
-    def from_config(cls, models, cache_dir=None) -> "Ensemble":
-        """Load each model once; a model listed twice gets two members that share its weights."""
+    def from_config(cls, models, cache_dir=None, load=None) -> "Ensemble":
+        """Load each model once; a model listed twice gets two members that share its weights.
+
+        `load` (indices) loads only those models; the others stay None (a method such as `single`
+        that decodes with some of the pair's models keeps its indices into the whole pair).
+        """
         configs = [model_config(m) for m in models]
+        load = range(len(configs)) if load is None else set(load)
         loaded = {}
         members = []
-        for cfg in configs:
+        for i, cfg in enumerate(configs):
+            if i not in load:
+                members.append(None)
+                continue
             key = (cfg.path, cfg.bundle, cfg.dtype, cfg.device, cfg.revision, cfg.trust_remote_code)
             if key not in loaded:
                 loaded[key] = load_pretrained(cfg, cache_dir)
@@ -57,13 +74,47 @@ class Ensemble:
     def decode(
         self, prompt: str, *, method="adafuse", stop=(), max_new_tokens: int = 64, trace: bool = False, **options
     ) -> Generation:
-        """Decode one prompt. `method` is a registered name (options are its knobs) or a method config object."""
-        if isinstance(method, str):
-            spec = METHODS[method]
-            cfg = spec.config(**options)
-        else:
-            spec = next((s for s in METHODS.values() if isinstance(method, s.config)), None)
-            if spec is None:
-                raise TypeError(f"{type(method).__name__} is not the config of a registered method")
-            cfg = type(method)(**{**asdict(method), **options})
-        return spec.generate(self.members, prompt, cfg, stop=tuple(stop), max_new_tokens=max_new_tokens, trace=trace)
+        """Decode one prompt. `method` is a registered name (options are its knobs) or a method config object.
+
+        `stop` is one stop string or a list of them.
+        """
+        spec, cfg = resolve_method(method, options)
+        return spec.generate(self.members, prompt, cfg, stop=stop, max_new_tokens=max_new_tokens, trace=trace)
+
+    def decode_stream(
+        self,
+        items: Iterable[tuple[object, str]],
+        *,
+        batch_size: int = 8,
+        method="adafuse",
+        stop=(),
+        max_new_tokens: int = 64,
+        trace: bool = False,
+        scheduler: Scheduler | None = None,
+        **options,
+    ) -> Iterator[tuple[object, Generation]]:
+        """Decode (key, prompt) items with `batch_size` examples in flight (adafuse/batching.py); yields
+        (key, Generation) as each finishes. Each Generation equals what `decode` returns for its prompt."""
+        spec, cfg = resolve_method(method, options)
+
+        def one(members, item):
+            return spec.generate(members, item[1], cfg, stop=stop, max_new_tokens=max_new_tokens, trace=trace)
+
+        for (key, _), gen in decode_many(self.members, items, one, batch_size, scheduler):
+            yield key, gen
+
+    def decode_batch(self, prompts: list[str], *, batch_size: int = 8, **kwargs) -> list[Generation]:
+        """`decode` for many prompts, batched across examples; results in the order of `prompts`."""
+        done = dict(self.decode_stream(enumerate(prompts), batch_size=batch_size, **kwargs))
+        return [done[i] for i in range(len(prompts))]
+
+
+def resolve_method(method, options: dict):
+    """(registered Method, its config): from a name and knobs, or from a config object (knobs override it)."""
+    if isinstance(method, str):
+        spec = METHODS[method]
+        return spec, spec.config(**options)
+    spec = next((s for s in METHODS.values() if isinstance(method, s.config)), None)
+    if spec is None:
+        raise TypeError(f"{type(method).__name__} is not the config of a registered method")
+    return spec, type(method)(**{**asdict(method), **options})

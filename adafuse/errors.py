@@ -35,3 +35,11 @@ class DataError(AdaFuseError, ValueError):
 
 class ContextLengthError(AdaFuseError, ValueError):
     """A prompt does not fit in a model's context window."""
+
+
+class NumericsError(AdaFuseError, ArithmeticError):
+    """A score or margin is NaN or infinite (e.g. a half-precision overflow); names the model and the round."""
+
+
+class BatchMemoryError(AdaFuseError, MemoryError):
+    """A batched forward pass cannot fit in memory; lower batch_size."""

@@ -2,49 +2,61 @@
 
 It reads one token per forward pass through the member's KV cache, so it matches transformers'
 `generate(do_sample=False)` token for token without inheriting a model's shipped sampling defaults.
+Like `generate()`, it keeps the model's control tokens in the distribution; like
+lm-evaluation-harness, it leaves them out of the prediction's text.
 """
 
-import time
+from dataclasses import dataclass
 
 from adafuse.config import SingleConfig
-from adafuse.decode import cut_at_stop
 from adafuse.errors import ConfigError
 from adafuse.model import Member
-from adafuse.trace import Generation, Stats
+from adafuse.session import Session
+from adafuse.trace import Generation
+from adafuse.words import ends_inside_char
+
+
+@dataclass
+class GreedyStep:
+    """One step of `trace=true`: the chosen id, its log-probability, and the text the output gained."""
+
+    token: int
+    logprob: float
+    text: str
 
 
 def positions_needed(cfg: SingleConfig, max_new_tokens: int) -> int:
     return max_new_tokens
 
 
+def members_used(cfg: SingleConfig, available: int) -> list[int]:
+    if cfg.member >= available:
+        raise ConfigError(f"single: member {cfg.member} does not exist; the ensemble has {available} models")
+    return [cfg.member]
+
+
 def generate(
     members: list[Member], prompt: str, cfg: SingleConfig, *, stop=(), max_new_tokens: int = 64, trace: bool = False
 ) -> Generation:
-    if cfg.member >= len(members):
-        raise ConfigError(f"single: member {cfg.member} does not exist; the ensemble has {len(members)} models")
-    started = time.perf_counter()
-    m = members[cfg.member]
-    m.reset_counters()
-    m.start(prompt, reserve=positions_needed(cfg, max_new_tokens))
+    (index,) = members_used(cfg, len(members))
+    m = members[index]
+    s = Session(
+        [m], prompt, reserve=max_new_tokens, stop=stop, max_new_tokens=max_new_tokens, trace=trace, mask_control=False
+    )
+    prompt_ids = list(m.ids)
     generated: list[int] = []
-    text, stats = "", Stats()
-    while not stats.stop_reason:
+    while not s.done:
         token = int(m.logprobs.argmax())
         if token in m.eos_ids:
-            stats.stop_reason = "eos"
+            s.add("", eos=True)
             break
         generated.append(token)
         # Decode the whole output each step: a lone token may hold part of a multi-byte character.
-        text, cut = cut_at_stop("", m.text_of(generated, m.ids[: m.prompt_len]), stop)
-        stats.rounds += 1
-        if cut:
-            stats.stop_reason = "stop"
-        elif len(generated) >= max_new_tokens:
-            stats.stop_reason = "length"
-        else:  # like generate(), the last token is never read: nothing would use its logits
-            m.feed([token])
-    stats.tokens_generated = [len(generated)]
-    stats.tokens_fed = [m.tokens_fed]
-    stats.forward_passes = [m.forward_passes]
-    stats.seconds = time.perf_counter() - started
-    return Generation(text=text, stats=stats, ids=[generated])
+        shown = m.text_of([t for t in generated if t not in m.control_ids], prompt_ids)
+        new = "" if ends_inside_char(shown) else shown[len(s.text) :]
+        if s.record:
+            s.record.steps.append(GreedyStep(token, m.logprobs[token].item(), new))
+        # Like generate(), the last token is never read: nothing would use its logits.
+        if not s.add(new, unread=1):
+            m.append_ids([token], new)
+    return s.finish(ids=[generated])

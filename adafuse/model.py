@@ -5,25 +5,34 @@ tensors inside a cache:
 
 - `start(prompt)`: set the context to a prompt, reusing every cached token it shares with the
   previous context (the few-shot prefix that all examples of a task share is read once).
-- `feed(ids)`: append ids to the committed context.
+- `append_ids(ids, text)`: read ids the model chose itself; the generated text grows by `text`.
 - `fork(n)`: n rows that continue the committed context as one batch (branches, candidates to score).
-- `commit(rows, i)`: make row i of a fork the committed context, without reading its tokens again.
+- `commit(rows, i, text)`: make row i of a fork the committed context, without reading its tokens again.
+- `align(text)`, `read(alignments)`, `append_text(text)`: text that another model chose, encoded in
+  this model's context with the bounded cut-back of spec §4 (see `align`).
 
 Invariant: the cache holds exactly the KV of `ids`, and `logprobs` is the next-token distribution
-after `ids` (float32 log-softmax over the full vocabulary).
+after `ids` (float32 log-softmax; the model's control tokens (spec §2) at -inf unless a method such
+as `single` asks for the raw distribution).
 """
 
+import copy
 import inspect
 import logging
+import re
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from adafuse.errors import ConfigError, ContextLengthError, DataError
-from adafuse.words import Detokenizer
+from adafuse.words import Detokenizer, ends_inside_char
 
 log = logging.getLogger(__name__)
+
+# The last word of a text (spec §2: whitespace, then non-whitespace), with any whitespace after it.
+_LAST_WORD = re.compile(r"\s*\S+\s*$")
 
 
 def _derive(cache: DynamicCache, view) -> DynamicCache:
@@ -60,6 +69,25 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return lo
 
 
+@dataclass
+class Alignment:
+    """Text that another model chose, as this model reads it after its context (see `Member.align`)."""
+
+    base: int  # context ids kept: all of them, or fewer where the boundary re-tokenises
+    ids: list[int]  # ids read after the kept context
+    skip: int  # leading ids that lie wholly before the text's first character: context, fed but never scored
+
+
+@dataclass
+class Reading:
+    """An alignment read in a batch: the log-probability of each scored id, and where its KV lives."""
+
+    alignment: Alignment
+    logprobs: list[float]  # log p of alignment.ids[skip:], each in context
+    after: torch.Tensor  # the next-token distribution after the last id
+    home: tuple["Rows", int]  # the fork row that holds its KV: commit(*home, text) adopts it
+
+
 class Member:
     def __init__(self, name: str, tokenizer, model, chat_template: bool = False):
         self.name = name
@@ -69,6 +97,8 @@ class Member:
         self.device = model.device
         self.detokenizer = Detokenizer(tokenizer)
         self.eos_ids = self._eos_ids()
+        self.control_ids = self._control_ids()
+        self._control_index = torch.tensor(sorted(self.control_ids), dtype=torch.long, device=self.device)
         self.max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         params = inspect.signature(model.forward).parameters
         # transformers >= 5.24 names the argument `cache`; 5.23 and remote-code models `past_key_values`.
@@ -80,9 +110,21 @@ class Member:
         self.cache: DynamicCache | None = None
         self.logprobs: torch.Tensor | None = None
         self.prompt_text = ""  # the prompt as this model reads it (see `render`)
-        self.prompt_len = 0
+        self.prompt_len = 0  # ids before the first one that carries generated text
+        self.text = ""  # the generated text this model has read after its prompt
+        self.anchor = 0  # where the last committed word starts in `ids`: a cut-back never reaches before it
+        self.mask_control = True
+        self.scheduler = None  # adafuse/batching.py merges this member's forward passes with other examples'
         self.forward_passes = 0
         self.tokens_fed = 0
+
+    def clone(self) -> "Member":
+        """A member over the same weights and tokenizer with a context of its own (one per example in flight)."""
+        twin = copy.copy(self)
+        twin.ids, twin.cache, twin.logprobs = [], None, None
+        twin.prompt_text, twin.prompt_len, twin.text, twin.anchor = "", 0, "", 0
+        twin.reset_counters()
+        return twin
 
     def _eos_ids(self) -> frozenset[int]:
         """The tokenizer's eos id plus any in the generation config (spec §4)."""
@@ -93,6 +135,23 @@ class Member:
         if not ids:
             raise ConfigError(f"model {self.name!r} defines no end-of-sequence token")
         return frozenset(ids)
+
+    def _control_ids(self) -> frozenset[int]:
+        """Spec §2: special tokens and added tokens, except whitespace-only ones and the eos ids.
+
+        Gemma's `<start_of_image>` is an added token that is not flagged special, so the special
+        list alone would miss it; its added runs of newlines and tabs are text and stay.
+        """
+        added = {i for i, tok in self.tokenizer.added_tokens_decoder.items() if not tok.content.isspace()}
+        return frozenset((added | set(self.tokenizer.all_special_ids)) - self.eos_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    def input_embeddings(self) -> torch.Tensor:
+        """The input embedding matrix, (vocab, hidden); read-only."""
+        return self.model.get_input_embeddings().weight.detach()
 
     # ---- tokens ---------------------------------------------------------------------------------
 
@@ -107,6 +166,25 @@ class Member:
         # Plain prompts take the tokenizer's default special tokens (Gemma's <bos>); a rendered chat
         # template already holds its own, so adding them again would double the BOS.
         return self.tokenizer.encode(text, add_special_tokens=not self.chat_template)
+
+    def encode_text(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """`text` encoded as text (spec §2): a string that looks like a control token never becomes one.
+
+        `split_special_tokens` covers special tokens; an added token that is not flagged special
+        (Gemma's `<table>`) still matches, so it is spelled out: its first character, then the rest.
+        """
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=True)
+        specials = set(self.tokenizer.all_special_ids) if add_special_tokens else set()
+        if not any(i in self.control_ids and i not in specials for i in ids):
+            return ids
+        spelled = []
+        for i in ids:
+            if i in self.control_ids and i not in specials:
+                content = self.tokenizer.convert_ids_to_tokens(i)
+                spelled += self.encode_text(content[0]) + self.encode_text(content[1:])
+            else:
+                spelled.append(i)
+        return spelled
 
     def text_of(self, span: list[int], context: list[int] | None = None) -> str:
         """The text `span` adds after `context` (default: the committed ids)."""
@@ -134,12 +212,14 @@ class Member:
             )
         return ids
 
-    def start(self, prompt: str, reserve: int = 0) -> None:
+    def start(self, prompt: str, reserve: int = 0, mask_control: bool = True) -> None:
         """Make `prompt` the context; tokens shared with the previous context are not read again.
 
-        `reserve` is how many more positions decoding may need (see `prompt_ids`).
+        `reserve` is how many more positions decoding may need (see `prompt_ids`). `mask_control=False`
+        keeps control tokens in the distribution (`single`, which must equal `generate()`).
         """
         ids = self.prompt_ids(prompt, reserve)
+        self.mask_control = mask_control
         self.prompt_text = self.render(prompt)
         keep = min(common_prefix(self.ids, ids), len(ids) - 1)  # re-read >= 1 token for its logits
         if keep == 0:
@@ -148,17 +228,98 @@ class Member:
             self.cache = _derive(self.cache, lambda t: t[:, :, :keep])
         self.ids = ids[:keep]
         self.prompt_len = len(ids)
+        self.text = ""
         self.feed(ids[keep:])
+        # A cut-back may re-read the prompt's last word, but never a control token (a chat template's
+        # markers) and never the first token, whose logits nothing computes.
+        after_control = max((i + 1 for i, t in enumerate(ids) if t in self.control_ids), default=0)
+        self.anchor = self._last_word_start(max(after_control, 1))
 
     def feed(self, ids: list[int]) -> None:
         """Append ids to the committed context and read them."""
         logits = self._forward(self.cache, torch.tensor([ids], device=self.device), last_only=True)
         self.ids = self.ids + list(ids)
-        self.logprobs = torch.log_softmax(logits[0, -1], dim=-1)
+        self.logprobs = self._log_softmax(logits[0, -1])
+
+    def append_ids(self, ids: list[int], text: str) -> None:
+        """Read ids this model chose itself; the generated text grows by `text` (what they decode to)."""
+        self.feed(ids)
+        self.text += text
+        self.anchor = self._last_word_start(self.anchor)
 
     def reset_counters(self) -> None:
         self.forward_passes = 0
         self.tokens_fed = 0
+
+    def _last_word_start(self, lowest: int) -> int:
+        """The index of the token that holds the first character of the text's last word (spec §2),
+        scanning back from the end no further than `lowest`."""
+        whole = self.prompt_text + self.text
+        last = _LAST_WORD.search(whole)
+        length = len(whole) - last.start() if last else len(whole)
+        for i in range(len(self.ids) - 1, lowest - 1, -1):
+            if len(self.text_of(self.ids[i:], self.ids[:i])) >= length:
+                return i
+        return lowest
+
+    # ---- text that another model chose (spec §4) --------------------------------------------------
+
+    def align(self, text: str) -> Alignment:
+        """How this model reads `text` after its context, as text, in context.
+
+        The rule: encode (prompt + generated text + `text`) and keep the longest common prefix with
+        the context ids. Usually that is the whole context and the ids after it carry `text`. Where
+        the boundary re-tokenises ("\n" + "\n" into "\n\n", a prompt that ends in a space), the
+        context is cut back to the common prefix and re-read. The cut-back never reaches before the
+        start of the last committed word (`anchor`): where the full encoding departs from the context
+        earlier (the context holds this model's own, non-canonical ids, or a chat template's control
+        tokens), the text from the anchor on plus `text` is encoded on its own, after ids[:anchor].
+        Either way, the ids re-read are bounded by `text` plus the last committed word. Tokens that
+        lie wholly before `text`'s first character are `skip`: fed, never scored.
+        """
+        encoded = self.encode_text(self.prompt_text + self.text + text, add_special_tokens=not self.chat_template)
+        keep = common_prefix(encoded, self.ids)
+        if keep >= self.anchor:
+            new = encoded[keep:]
+        else:
+            window = self.text_of(self.ids[self.anchor :], self.ids[: self.anchor])
+            encoded = self.encode_text(window + text)
+            common = common_prefix(encoded, self.ids[self.anchor :])
+            keep, new = self.anchor + common, encoded[common:]
+        reread = self.text_of(self.ids[keep:], self.ids[:keep])
+        skip = 0
+        while skip < len(new) and reread:
+            covered = self.text_of(new[: skip + 1], self.ids[:keep])
+            if len(covered) > len(reread) or not reread.startswith(covered) or ends_inside_char(covered):
+                break
+            skip += 1
+        return Alignment(keep, new, skip)
+
+    def read(self, alignments: list[Alignment]) -> list[Reading]:
+        """Read every alignment in one batched forward pass (none if all are empty and need no cut-back)."""
+        n = len(self.ids)
+        lowest = min(a.base for a in alignments)
+        # A cut-back row must re-read the token before its kept context: its logits predict the first new id.
+        start = n if lowest == n else lowest - 1
+        rows = self.fork(len(alignments), upto=start)
+        inputs = [self.ids[start : a.base] + a.ids for a in alignments]
+        step = rows.extend(inputs) if any(inputs) else None
+
+        def predicting(row: int, position: int) -> torch.Tensor:
+            """The distribution over the token at `position` of row `row`."""
+            return self.logprobs if position == start == n else step[row, position - 1 - start]
+
+        readings = []
+        for i, a in enumerate(alignments):
+            scored = [predicting(i, a.base + j)[t].item() for j, t in enumerate(a.ids) if j >= a.skip]
+            readings.append(Reading(a, scored, predicting(i, a.base + len(a.ids)), (rows, i)))
+        return readings
+
+    def append_text(self, text: str) -> Reading:
+        """Every model advances by `text`: align, read and commit it."""
+        (reading,) = self.read([self.align(text)])
+        self.commit(*reading.home, text)
+        return reading
 
     # ---- forks ----------------------------------------------------------------------------------
 
@@ -167,9 +328,16 @@ class Member:
         upto = len(self.ids) if upto is None else upto
         return Rows(self, self.ids[:upto], _derive(self.cache, lambda t: t[:, :, :upto].expand(n, -1, -1, -1)), n)
 
-    def commit(self, rows: "Rows", row: int) -> None:
-        """The committed context becomes row `row` of a fork, whose tokens have already been read."""
-        self.ids, self.cache, self.logprobs = rows.prefix + rows.tokens[row], rows.cache_of_row(row), rows.last[row]
+    def commit(self, rows: "Rows", row: int, text: str) -> None:
+        """The context becomes row `row` of a fork, whose tokens have been read; the generated text grows by `text`."""
+        ids = rows.prefix + rows.tokens[row]
+        if rows.last[row] is None:
+            raise AssertionError(f"model {self.name!r}: row {row} has not been read")
+        kept = common_prefix(self.ids, ids)
+        self.ids, self.cache, self.logprobs = ids, rows.cache_of_row(row), rows.last[row]
+        self.prompt_len = min(self.prompt_len, kept)  # a cut-back into the prompt: its last token now carries output
+        self.text += text
+        self.anchor = self._last_word_start(self.anchor)
 
     def check_invariant(self) -> None:
         length = self.cache.get_seq_length()
@@ -178,9 +346,25 @@ class Member:
                 f"model {self.name!r}: cache holds {length} tokens but the context has {len(self.ids)}"
             )
 
-    @torch.inference_mode()
+    def _log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """Log-softmax over the vocabulary (last dim), control tokens removed when masking is on (spec §2)."""
+        if self.mask_control and len(self._control_index):
+            logits = logits.index_fill(-1, self._control_index, float("-inf"))
+        return torch.log_softmax(logits, dim=-1)
+
     def _forward(self, cache: DynamicCache, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """Logits (batch, length, vocab) in float32 for `input_ids` read after the cached tokens.
+        """Logits (batch, length, vocab) in float32 for `input_ids` read after the cached tokens; the
+        cache grows by them. With a scheduler attached (adafuse/batching.py), the pass is merged with
+        other examples' passes over the same weights."""
+        self.forward_passes += 1
+        self.tokens_fed += input_ids.numel()
+        if self.scheduler is not None:
+            return self.scheduler.forward(self, cache, input_ids, last_only)
+        return self.forward_alone(cache, input_ids, last_only)
+
+    @torch.inference_mode()
+    def forward_alone(self, cache: DynamicCache, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """One forward pass of this member's rows only.
 
         `last_only` computes the vocabulary projection for the last position alone (length 1): a
         1,400-token prompt would otherwise materialise 1.5 GB of logits with a 262k vocabulary.
@@ -188,10 +372,61 @@ class Member:
         kwargs = {self._cache_arg: cache}
         if last_only and self._can_keep_last:
             kwargs["logits_to_keep"] = 1
-        out = self.model(input_ids=input_ids, use_cache=True, **kwargs)
-        self.forward_passes += 1
-        self.tokens_fed += input_ids.numel()
-        return out.logits.float()
+        return self.model(input_ids=input_ids, use_cache=True, **kwargs).logits.float()
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of keys and values one token takes in the cache, over all layers."""
+        text = self.model.config.get_text_config()
+        heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        return 2 * text.num_hidden_layers * heads * head_dim * self.model.dtype.itemsize
+
+
+@torch.inference_mode()
+def forward_together(member: Member, caches: list[DynamicCache], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One forward pass over the rows of several requests to the same weights; the logits of each.
+
+    Request j has a cache of length L_j (rows b_j) and inputs (b_j, n_j). Caches are left-padded to
+    the longest, inputs right-padded; the attention mask hides the padding and the position ids are
+    each row's own (L_j, L_j + 1, ...), so every row sees exactly its own context. Left padding shifts
+    a row's keys and queries alike, so a sliding window (Gemma 3) keeps its true extent. Afterwards
+    each request's cache holds its own rows and new tokens (views into the merged tensors), as if it
+    had been read alone.
+    """
+    lengths = [c.get_seq_length() for c in caches]
+    longest, width = max(lengths), max(x.shape[1] for x in inputs)
+    device = member.device
+    ids = torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1]), value=int(x[0, -1])) for x in inputs])
+    mask = torch.zeros(ids.shape[0], longest + width, dtype=torch.long, device=device)
+    positions = torch.empty(ids.shape[0], width, dtype=torch.long, device=device)
+    row = 0
+    for length, x in zip(lengths, inputs):
+        mask[row : row + x.shape[0], longest - length : longest + x.shape[1]] = 1
+        positions[row : row + x.shape[0]] = torch.arange(length, length + width, device=device)
+        row += x.shape[0]
+
+    def left_padded(tensors: list[torch.Tensor]) -> torch.Tensor:  # each (b_j, heads, L_j, head_dim)
+        return torch.cat([torch.nn.functional.pad(t, (0, 0, longest - t.shape[2], 0)) for t in tensors])
+
+    merged = DynamicCache()
+    for layer in range(len(caches[0].layers)):
+        keys = left_padded([c.layers[layer].keys for c in caches])
+        values = left_padded([c.layers[layer].values for c in caches])
+        merged_layer = DynamicLayer()
+        merged_layer.lazy_initialization(keys, values)
+        merged_layer.keys, merged_layer.values = keys, values
+        merged.layers.append(merged_layer)
+    out = member.model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{member._cache_arg: merged}
+    )
+    logits, results, row = out.logits.float(), [], 0
+    for cache, length, x in zip(caches, lengths, inputs):
+        rows, span = slice(row, row + x.shape[0]), slice(longest - length, longest + x.shape[1])
+        for own, new in zip(cache.layers, merged.layers):
+            own.keys, own.values = new.keys[rows, :, span], new.values[rows, :, span]
+        results.append(logits[rows, : x.shape[1]])
+        row += x.shape[0]
+    return results
 
 
 class Rows:
@@ -210,9 +445,6 @@ class Rows:
         self.last: list[torch.Tensor | None] = [member.logprobs if len(prefix) == len(member.ids) else None] * n
         self.width = 0  # positions read after the prefix, padding included
 
-    def __len__(self) -> int:
-        return len(self.tokens)
-
     def extend(self, new: list[list[int]]) -> torch.Tensor:
         """Read `new[i]` after row i; returns log-probabilities (rows, longest, vocab) at each new position.
 
@@ -224,7 +456,7 @@ class Rows:
                 raise AssertionError(f"row {i} stopped early and cannot be extended")
         pad = [t + [t[-1] if t else 0] * (longest - len(t)) for t in new]
         logits = self.member._forward(self.cache, torch.tensor(pad, device=self.member.device))
-        logprobs = torch.log_softmax(logits, dim=-1)
+        logprobs = self.member._log_softmax(logits)
         for i, t in enumerate(new):
             if t:
                 self.tokens[i] = self.tokens[i] + t
@@ -248,6 +480,14 @@ class Rows:
         child = Rows(self.member, self.prefix + self.tokens[row], view, n)
         child.last = [self.last[row]] * n
         return child
+
+    def truncate(self, row: int, length: int, last: torch.Tensor) -> None:
+        """Row `row` keeps its first `length` tokens after the prefix; `last` is the distribution after them.
+
+        The row has stopped early: it can be committed, not extended.
+        """
+        self.tokens[row] = self.tokens[row][:length]
+        self.last[row] = last
 
     def cache_of_row(self, row: int) -> DynamicCache:
         end = len(self.prefix) + len(self.tokens[row])

@@ -30,12 +30,13 @@ class ModelRound:
 
 @dataclass
 class Score:
-    """One model's score of one candidate: the mean NLL of `ids` read after its first `base` context ids."""
+    """One model's score of one candidate: the mean NLL of `ids[skip:]` read after its first `base` context ids."""
 
     base: int  # context ids kept; below the context length only where re-tokenising merged across the boundary
     ids: list[int]
     eos: bool  # an end-of-sequence token was scored after ids
     nll: float
+    skip: int = 0  # leading ids that re-read context before the candidate's first character: fed, not scored
 
 
 @dataclass
@@ -59,7 +60,8 @@ class RoundTrace:
 @dataclass
 class Trace:
     prompt_ids: list[list[int]]  # per model
-    rounds: list[RoundTrace] = field(default_factory=list)
+    rounds: list[RoundTrace] = field(default_factory=list)  # AdaFuse's rounds (spec §7)
+    steps: list = field(default_factory=list)  # other methods' per-step records (dataclasses)
 
     def contexts(self):
         """Yield, for each round, every model's context ids at its start (replaying the winners)."""

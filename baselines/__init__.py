@@ -1,7 +1,5 @@
-"""Ensemble baselines, one file per method, each `generate(members, prompt, cfg, *, stop, max_new_tokens,
-trace) -> Generation` registered in `METHODS` (LLM-Blender, DeePEn, SweetSpan and UniTE join as they land;
-../shared/research/baselines.md). AdaFuse and single-model greedy decoding are registered by the engine."""
+"""Ensemble baselines of the paper's Table 1 (../shared/research/baselines.md), one file per method.
 
-from adafuse.methods import METHODS
-
-__all__ = ["METHODS"]
+Each module registers its method in `adafuse.methods.METHODS` when imported; this package imports
+every one of them, and adafuse/methods.py imports this package, so a registered name is always there.
+"""

@@ -18,6 +18,7 @@ RESUMABLE_CHANGES = {
     "data.dir",
     "cache_dir",
     "threads",
+    "batch_size",
     "progress",
     "wandb.mode",
     "wandb.project",

@@ -8,7 +8,7 @@ compose -> typed settings and range checks -> task names, data files and prompts
 import logging
 import platform
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -31,16 +31,16 @@ def settings_of(cfg: DictConfig):
     settings = OmegaConf.to_object(cfg)
     if not settings.model_pair.members:
         raise ConfigError(f"model_pair {settings.model_pair.name!r} lists no models")
+    if settings.batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {settings.batch_size}")
     return settings
 
 
 def main(cfg: DictConfig, run_dir: Path) -> dict:
     settings = settings_of(cfg)
-    models, method = list(settings.model_pair.members.values()), settings.method
-    if method.name == "single":  # load only the model that decodes
-        if method.member >= len(models):
-            raise ConfigError(f"method.member={method.member}, but the pair has {len(models)} models")
-        models, method = [models[method.member]], replace(method, member=0)
+    pair, method = list(settings.model_pair.members.values()), settings.method
+    used = METHODS[method.name].members_used(method, len(pair))
+    models = [pair[i] for i in used]
     settings.data.dir = resolve_data_dir(settings.data.dir)
     task = Task(settings.task, settings.data)
     prompts = {ex.id: task.prompt(ex) for ex in task.examples}
@@ -60,7 +60,7 @@ def main(cfg: DictConfig, run_dir: Path) -> dict:
         torch.set_num_threads(settings.threads)
     tracker = Tracker(settings.wandb, run_dir, config)
     if todo:
-        ensemble = Ensemble.from_config(models, settings.cache_dir)
+        ensemble = Ensemble.from_config(pair, settings.cache_dir, load=used)
         check_context(ensemble, [prompts[ex.id] for ex in todo], task, method)
         decode_all(ensemble, task, todo, prompts, method, settings, out, tracker)
 
@@ -75,24 +75,26 @@ def main(cfg: DictConfig, run_dir: Path) -> dict:
 def check_context(ensemble: Ensemble, prompts: list[str], task: Task, method) -> None:
     """Fail before decoding if any prompt cannot fit with the generation budget."""
     reserve = METHODS[method.name].positions_needed(method, task.cfg.max_new_tokens)
-    for member in ensemble.members:
+    for member in filter(None, ensemble.members):
         for prompt in prompts:
             member.prompt_ids(prompt, reserve)
 
 
 def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tracker) -> None:
+    """Decode `todo` with `settings.batch_size` examples in flight; each is written as soon as it finishes."""
     primary = next(iter(task.metrics), None)
     scale = task.metrics[primary].scale if primary else 1.0
     done = [r["scores"][primary] for r in out.records.values() if primary in r["scores"]]
-    bar = tqdm(todo, desc=f"{task.name} {method.name}", unit="ex", disable=not settings.progress, dynamic_ncols=True)
-    for example in bar:
-        gen = ensemble.decode(
-            prompts[example.id],
-            method=method,
-            stop=task.cfg.stop,
-            max_new_tokens=task.cfg.max_new_tokens,
-            trace=settings.trace,
-        )
+    bar = tqdm(total=len(todo), desc=f"{task.name} {method.name}", unit="ex", disable=not settings.progress)
+    stream = ensemble.decode_stream(
+        ((example, prompts[example.id]) for example in todo),
+        batch_size=settings.batch_size,
+        method=method,
+        stop=task.cfg.stop,
+        max_new_tokens=task.cfg.max_new_tokens,
+        trace=settings.trace,
+    )
+    for example, gen in stream:
         answer, scores = task.score(example, gen.text)
         record = {
             "id": example.id,
@@ -106,10 +108,12 @@ def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tra
         if gen.trace is not None:
             record["trace"] = asdict(gen.trace)
         out.append(record)
+        bar.update()
         if primary in scores:
             done.append(scores[primary])
             bar.set_postfix({primary: f"{scale * sum(done) / len(done):.1f}"})
         tracker.log_example(len(out.records), {k: v * task.metrics[k].scale for k, v in scores.items()}, gen.stats)
+    bar.close()
 
 
 def summary(task: Task, records: list[dict], settings, models) -> dict:

@@ -9,6 +9,10 @@
    generated token per model; AdaFuse with B = 1 (no branching) alongside, to show what B = 3 costs.
 2. The fast decoder against the cache-free reference (tests/engine/reference.py) on few-shot
    prompts of 500+ tokens: identical output, and the speed-up.
+3. Batching across examples (adafuse/batching.py): AdaFuse and `single` at batch sizes 1, 4, 8, 16
+   on the same 48 benchmark prompts: throughput (examples per second), the AdaFuse cost per example
+   against the two members' unbatched greedy decoding, outputs identical to batch size 1, and the
+   peak memory of each run.
 Prints a table and writes the figures to results/bench/decode.json.
 """
 
@@ -17,16 +21,20 @@ import json
 import platform
 import resource
 import sys
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from adafuse import AdaFuseConfig, Ensemble  # noqa: E402
+from adafuse.batching import Scheduler, decode_many  # noqa: E402
 from adafuse.decode import generate  # noqa: E402
+from adafuse.ensemble import resolve_method  # noqa: E402
 from conf.schema import DataConf  # noqa: E402
 from eval.tasks import BESIDE_CHECKOUT, Task  # noqa: E402
 from tests.engine import reference  # noqa: E402
@@ -34,6 +42,8 @@ from tests.harness import compose_run  # noqa: E402
 
 # (task, prompts, token budget): real prompts, as the harness builds them.
 SUITE = [("nq", 8, 32), ("triviaqa", 4, 32), ("squad", 4, 32), ("gsm8k", 4, 96), ("flores_de_en", 4, 64)]
+# The batching comparison doubles it: 48 prompts.
+BATCH_SUITE = [(task, 2 * count, budget) for task, count, budget in SUITE]
 
 
 def task_prompts(name: str, count: int, data_dir: Path) -> tuple[list[str], list[str]]:
@@ -121,7 +131,7 @@ def compare_with_reference(ens: Ensemble, data_dir: Path, count: int, budget: in
         fast = generate(ens.members, prompt, cfg, max_new_tokens=budget)
         fast_s += time.perf_counter() - started
         started = time.perf_counter()
-        slow_text, _ = reference.generate(ens.members, prompt, cfg, (), budget)
+        slow_text, _, _ = reference.generate(ens.members, prompt, cfg, (), budget)
         slow_s += time.perf_counter() - started
         identical += slow_text == fast.text
         lengths.append(min(len(m.encode(prompt)) for m in ens.members))
@@ -137,18 +147,112 @@ def compare_with_reference(ens: Ensemble, data_dir: Path, count: int, budget: in
     }
 
 
+class PeakMemory:
+    """The highest resident memory above the start, sampled every 50 ms while the block runs."""
+
+    def __enter__(self):
+        self.process, self.start, self.peak, self.running = psutil.Process(), 0, 0, True
+        self.start = self.process.memory_info().rss
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self):
+        while self.running:
+            self.peak = max(self.peak, self.process.memory_info().rss - self.start)
+            time.sleep(0.05)
+
+    def __exit__(self, *exc):
+        self.running = False
+        self.thread.join()
+
+
+def decode_suite(ens: Ensemble, cases: list, method: str, options: dict, batch_size: int) -> tuple[list, dict]:
+    """Decode every (prompt, stop, budget) case with `batch_size` in flight: (texts in case order, figures)."""
+    spec, cfg = resolve_method(method, options)
+
+    def one(members, i):
+        prompt, stop, budget = cases[i]
+        return spec.generate(members, prompt, cfg, stop=stop, max_new_tokens=budget)
+
+    scheduler, texts = Scheduler(), [None] * len(cases)
+    started = time.perf_counter()
+    with PeakMemory() as memory:
+        for i, gen in decode_many(ens.members, range(len(cases)), one, batch_size, scheduler):
+            texts[i] = gen.text
+    seconds = time.perf_counter() - started
+    return texts, {
+        "seconds": seconds,
+        "examples_per_second": len(cases) / seconds,
+        "merged_passes": scheduler.passes,
+        "rows_per_pass": scheduler.rows / max(scheduler.passes, 1),
+        "peak_memory_gb": memory.peak / 1024**3,
+    }
+
+
+def compare_batch_sizes(ens: Ensemble, data_dir: Path, sizes: list[int], scale: float) -> dict:
+    cases = []
+    for task, count, budget in BATCH_SUITE:
+        prompts, stop = task_prompts(task, max(1, int(count * scale)), data_dir)
+        cases += [(p, stop, budget) for p in prompts]
+        ens.decode(prompts[0], stop=stop, max_new_tokens=1)  # warm-up: the models load their kernels
+    runs = {"adafuse": ("adafuse", {}), "single_0": ("single", {"member": 0}), "single_1": ("single", {"member": 1})}
+    figures, baseline_texts = {}, {}
+    for name, (method, options) in runs.items():
+        for size in sizes:
+            texts, row = decode_suite(ens, cases, method, options, size)
+            baseline_texts.setdefault(name, texts)
+            row["identical_to_batch_1"] = sum(a == b for a, b in zip(texts, baseline_texts[name]))
+            figures[f"{name}@{size}"] = row
+            print(
+                f"  {name:9s} batch {size:2d}: {row['examples_per_second']:.3f} ex/s, "
+                f"{row['rows_per_pass']:.1f} rows/pass, identical {row['identical_to_batch_1']}/{len(cases)}, "
+                f"peak +{row['peak_memory_gb']:.2f} GB",
+                flush=True,
+            )
+    singles_seconds = figures["single_0@1"]["seconds"] + figures["single_1@1"]["seconds"]
+    best = max(sizes, key=lambda b: figures[f"adafuse@{b}"]["examples_per_second"])
+    best_single = max(sizes, key=lambda b: figures[f"single_0@{b}"]["examples_per_second"])
+    return {
+        "prompts": len(cases),
+        "sizes": sizes,
+        "runs": figures,
+        "best_batch_size": best,
+        "adafuse_speedup": figures[f"adafuse@{best}"]["examples_per_second"]
+        / figures["adafuse@1"]["examples_per_second"],
+        "adafuse_best_vs_unbatched_singles": figures[f"adafuse@{best}"]["seconds"] / singles_seconds,
+        "single_speedup": figures[f"single_0@{best_single}"]["examples_per_second"]
+        / figures["single_0@1"]["examples_per_second"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=BESIDE_CHECKOUT)
     parser.add_argument("--quick", action="store_true", help="a quarter of the prompts, one reference prompt")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
+    parser.add_argument("--only", choices=["singles", "reference", "batching"], help="run one section")
     parser.add_argument("--out", type=Path, default=ROOT / "results/bench/decode.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     ens = Ensemble.from_config(["smollm2_135m", "gemma3_270m"])
+    scale = 0.25 if args.quick else 1.0
+    record = {"threads": args.threads, "torch": torch.__version__, "python": platform.python_version()}
+    if args.only in (None, "batching"):
+        print("3. batching across examples (same prompts at each batch size)", flush=True)
+        record["batching"] = batching = compare_batch_sizes(ens, args.data_dir, args.batch_sizes, scale)
+        print(
+            f"AdaFuse throughput, best batch ({batching['best_batch_size']}) / batch 1: "
+            f"{batching['adafuse_speedup']:.2f}x (goal >= 3); its time / unbatched (SmolLM2 + Gemma greedy): "
+            f"{batching['adafuse_best_vs_unbatched_singles']:.2f} (goal <= 1.0); single batched / unbatched: "
+            f"{batching['single_speedup']:.2f}x (goal >= 4)"
+        )
+    if args.only == "batching":
+        return write(args, record)
     print("1. AdaFuse vs the two single models (same prompts, interleaved)", flush=True)
-    singles = compare_with_singles(ens, args.data_dir, 0.25 if args.quick else 1.0)
+    singles = compare_with_singles(ens, args.data_dir, scale)
     print("2. fast decoder vs the cache-free reference (500+-token few-shot prompts)", flush=True)
     ref = compare_with_reference(ens, args.data_dir, 1 if args.quick else 3, 16)
 
@@ -178,16 +282,12 @@ def main() -> None:
     )
     print(f"peak RSS: {peak_rss_gb():.2f} GB")
 
+    record.update(singles=singles, reference=ref, peak_rss_gb=peak_rss_gb(), quick=args.quick)
+    write(args, record)
+
+
+def write(args, record: dict) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    record = {
-        "singles": singles,
-        "reference": ref,
-        "peak_rss_gb": peak_rss_gb(),
-        "threads": args.threads,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "quick": args.quick,
-    }
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"written to {args.out}")
 

@@ -5,31 +5,38 @@ distribution, each candidate's NLL) comes from a full forward pass over the whol
 and text is decoded from the start of the context. It shares only the weights and tokenizers.
 """
 
+import re
 from dataclasses import dataclass, field
 
 import torch
 
 CHAR_SLACK = 4  # as the fast decoder: a word cut at the token cap may finish its last character
+PARTIAL = "\ufffd"
 
 
 class RefModel:
     def __init__(self, member):
         self.tokenizer = member.tokenizer
         self.model = member.model
+        self.chat_template = member.chat_template
         self.eos_ids = member.eos_ids
         self.name = member.name
+        added = {i for i, t in self.tokenizer.added_tokens_decoder.items() if t.content.strip() != ""}
+        self.control = sorted((added | set(self.tokenizer.all_special_ids)) - set(self.eos_ids))
         self._next: dict[tuple[int, ...], torch.Tensor] = {}
 
     @torch.inference_mode()
     def logprobs(self, ids: list[int], last: int) -> torch.Tensor:
         """log p(x_{i+1} | x_{<=i}) at the last `last` positions i, from one forward pass with no cache.
 
-        Only the vocabulary projection is limited to those positions (a 262k vocabulary over a long
-        prompt would take gigabytes); every layer still reads the whole sequence.
+        Control tokens get probability zero (spec §2). Only the vocabulary projection is limited to
+        those positions (a 262k vocabulary over a long prompt would take gigabytes); every layer
+        still reads the whole sequence.
         """
         ids_t = torch.tensor([ids], device=self.model.device)
-        logits = self.model(input_ids=ids_t, use_cache=False, logits_to_keep=last).logits
-        return torch.log_softmax(logits[0].float(), dim=-1)
+        logits = self.model(input_ids=ids_t, use_cache=False, logits_to_keep=last).logits[0].float()
+        logits[:, self.control] = float("-inf")
+        return torch.log_softmax(logits, dim=-1)
 
     def next_logprobs(self, ids: list[int]) -> torch.Tensor:
         key = tuple(ids)  # a pure function of the ids: remembering it changes no result, only the time
@@ -42,11 +49,25 @@ class RefModel:
 
     def text(self, context: list[int], span: list[int]) -> str:
         head, whole = self.decode(context), self.decode(context + span)
-        assert whole.startswith(head), (head[-20:], whole[-20:])
-        return whole[len(head) :]
+        common = 0
+        while common < min(len(head), len(whole)) and head[common] == whole[common]:
+            common += 1
+        assert common >= len(head) - 1, (head[-20:], whole[-20:])  # only a partial last character may change
+        return whole[common:]
 
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text)
+    def render(self, prompt: str) -> str:
+        if not self.chat_template:
+            return prompt
+        chat = [{"role": "user", "content": prompt}]
+        return self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return self.tokenizer.encode(self.render(prompt), add_special_tokens=not self.chat_template)
+
+    def encode_text(self, text: str, specials: bool) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=specials, split_special_tokens=True)
+        assert not set(ids) & set(self.control) - set(self.tokenizer.all_special_ids), "a control token in text"
+        return ids
 
 
 @dataclass
@@ -54,6 +75,16 @@ class RefWord:
     ids: list[int]
     text: str
     eos: bool
+    cut: bool = False
+
+
+def cut_back(m: RefModel, context: list[int], ids: list[int]) -> RefWord:
+    """A word at the hard cap that still ends inside a character: its longest clean prefix."""
+    for n in range(len(ids) - 1, 0, -1):
+        text = m.text(context, ids[:n])
+        if not text.endswith(PARTIAL):
+            return RefWord(ids[:n], text, False, cut=True)
+    return RefWord(ids, m.text(context, ids), False)
 
 
 def greedy_word(m: RefModel, context: list[int], first: int, max_tokens: int) -> RefWord:
@@ -66,14 +97,16 @@ def greedy_word(m: RefModel, context: list[int], first: int, max_tokens: int) ->
         text = m.text(context, ids)
         if nxt in m.eos_ids:
             return RefWord(ids, text, True)
-        partial = text.endswith("\ufffd")
+        partial = text.endswith(PARTIAL)
         has_word = text.strip() != "" and not partial
         if has_word and text[-1].isspace():
             return RefWord(ids, text, False)
         if has_word and m.text(context + ids, [nxt])[:1].isspace():
             return RefWord(ids, text, False)
-        if (len(ids) >= max_tokens and not partial) or len(ids) >= max_tokens + CHAR_SLACK:
+        if len(ids) >= max_tokens and not partial:
             return RefWord(ids, text, False)
+        if len(ids) >= max_tokens + CHAR_SLACK:
+            return cut_back(m, context, ids)
         ids.append(nxt)
 
 
@@ -93,7 +126,7 @@ def propose(m: RefModel, context: list[int], cfg) -> list[list[RefWord]]:
         word = greedy_word(m, here, int(top.indices[0]), cfg.max_word_tokens)
         committed.append(word)
         here = here + word.ids
-        if word.eos:
+        if word.eos or word.cut:
             break
     return [committed]
 
@@ -103,7 +136,7 @@ def beam_words(m: RefModel, context: list[int], cfg) -> list[RefWord]:
     width = cfg.branches
     live = [([], 0.0)]
     finished = []  # (score, RefWord)
-    for _ in range(cfg.max_word_tokens + CHAR_SLACK):
+    while live:
         expansions = []
         for h, (ids, score) in enumerate(live):
             lp = m.next_logprobs(context + ids)
@@ -117,7 +150,7 @@ def beam_words(m: RefModel, context: list[int], cfg) -> list[RefWord]:
             text = m.text(context, ids)
             if token in m.eos_ids:
                 boundary = True
-            elif ids and text.strip() and not text.endswith("\ufffd"):
+            elif ids and text.strip() and not text.endswith(PARTIAL):
                 boundary = text[-1].isspace() or m.text(context + ids, [token])[:1].isspace()
             else:
                 boundary = False
@@ -133,14 +166,15 @@ def beam_words(m: RefModel, context: list[int], cfg) -> list[RefWord]:
         live = []
         for ids, total in grown:
             text = m.text(context, ids)
-            if text.strip() and not text.endswith("\ufffd") and text[-1].isspace():
+            clean = text.strip() and not text.endswith(PARTIAL)
+            if clean and text[-1].isspace() or len(ids) >= cfg.max_word_tokens and not text.endswith(PARTIAL):
                 finished.append((total, RefWord(ids, text, False)))
+            elif len(ids) >= cfg.max_word_tokens + CHAR_SLACK:
+                word = cut_back(m, context, ids)
+                lp = [m.next_logprobs(context + ids[:j])[t].item() for j, t in enumerate(word.ids)]
+                finished.append((sum(lp), word))
             else:
                 live.append((ids, total))
-        if not live:
-            break
-    else:
-        finished += [(total, RefWord(ids, m.text(context, ids), False)) for ids, total in live]
     finished.sort(key=lambda f: -f[0])
     return [w for _, w in finished[:width]]
 
@@ -151,24 +185,67 @@ class RefCandidate:
     eos: bool
     proposers: list[int] = field(default_factory=list)
     own: dict = field(default_factory=dict)  # model -> ids it generated
-    scores: list = field(default_factory=list)  # per model: (base, ids, nll)
+    scores: list = field(default_factory=list)  # per model: (base, ids, skip, nll)
     fused: float = 0.0
 
 
-def nll(m: RefModel, context: list[int], ids: list[int], eos: bool) -> float:
-    """Mean NLL of `ids` after `context` (+ the most probable eos id), from one cache-free forward pass."""
+def nll(m: RefModel, context: list[int], ids: list[int], eos: bool, skip: int = 0) -> float:
+    """Mean NLL of `ids[skip:]` after `context` + `ids[:skip]` (+ the most probable eos id), from one
+    cache-free forward pass."""
     lp = m.logprobs(context + ids, len(ids) + 1)  # row j predicts the token after context + ids[:j]
-    values = [lp[j, t].item() for j, t in enumerate(ids)]
+    values = [lp[j, t].item() for j, t in enumerate(ids) if j >= skip]
     if eos:
         values.append(max(lp[-1, e].item() for e in m.eos_ids))
     return -sum(values) / len(values)
 
 
+def common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def last_word_start(m: RefModel, context: list[int], full_text: str, lowest: int) -> int:
+    """The token of `context` that holds the first character of `full_text`'s last word."""
+    match = re.search(r"\s*\S+\s*$", full_text)
+    length = len(full_text) - match.start() if match else len(full_text)
+    for i in range(len(context) - 1, lowest - 1, -1):
+        if len(m.text(context[:i], context[i:])) >= length:
+            return i
+    return lowest
+
+
+def align(m: RefModel, context: list[int], anchor: int, prefix_text: str, candidate: str):
+    """Spec §4's in-context encoding with its bounded cut-back: (base, ids, skip)."""
+    full = m.encode_text(prefix_text + candidate, specials=not m.chat_template)
+    base = common(full, context)
+    if base >= anchor:
+        new = full[base:]
+    else:
+        window = m.encode_text(m.text(context[:anchor], context[anchor:]) + candidate, specials=False)
+        kept = common(window, context[anchor:])
+        base, new = anchor + kept, window[kept:]
+    reread = m.text(context[:base], context[base:])
+    skip = 0
+    while skip < len(new) and reread:
+        covered = m.text(context[:base], new[: skip + 1])
+        if len(covered) > len(reread) or not reread.startswith(covered) or covered.endswith(PARTIAL):
+            break
+        skip += 1
+    return base, new, skip
+
+
 def generate(members, prompt: str, cfg, stop=(), max_new_tokens: int = 64):
-    """Returns (text, rounds); each round is (candidates, winner index)."""
+    """Returns (text, rounds, ids); each round is (candidates, winner index); ids are each model's output ids."""
     models = [RefModel(m) for m in members]
-    contexts = [m.encode(prompt) for m in models]
+    contexts = [m.encode_prompt(prompt) for m in models]
+    prompt_texts = [m.render(prompt) for m in models]
     prompt_lens = [len(c) for c in contexts]
+    anchors = []
+    for m, c, t in zip(models, contexts, prompt_texts):
+        after_control = max((i + 1 for i, x in enumerate(c) if x in m.control), default=0)
+        anchors.append(last_word_start(m, c, t, max(after_control, 1)))
     text, rounds = "", []
     while True:
         pool: dict = {}
@@ -183,24 +260,23 @@ def generate(members, prompt: str, cfg, stop=(), max_new_tokens: int = 64):
         for cand in pool:
             for k, m in enumerate(models):
                 if k in cand.own:
-                    base, ids = len(contexts[k]), cand.own[k]
+                    base, ids, skip = len(contexts[k]), cand.own[k], 0
                 else:
-                    full = m.encode(prompt + text + cand.text)
-                    base = 0
-                    while base < min(len(full), len(contexts[k])) and full[base] == contexts[k][base]:
-                        base += 1
-                    ids = full[base:]
-                cand.scores.append((base, ids, nll(m, contexts[k][:base], ids, cand.eos)))
-            cand.fused = sum(s[2] for s in cand.scores) / len(models)
+                    base, ids, skip = align(m, contexts[k], anchors[k], prompt_texts[k] + text, cand.text)
+                cand.scores.append((base, ids, skip, nll(m, contexts[k][:base], ids, cand.eos, skip)))
+            cand.fused = sum(s[3] for s in cand.scores) / len(models)
         winner = min(range(len(pool)), key=lambda i: pool[i].fused)
         best = pool[winner]
         rounds.append((pool, winner))
-        for k in range(len(models)):
-            base, ids, _ = best.scores[k]
-            contexts[k] = contexts[k][:base] + ids
         text += best.text
+        for k, m in enumerate(models):
+            base, ids, _, _ = best.scores[k]
+            contexts[k] = contexts[k][:base] + ids
+            prompt_lens[k] = min(prompt_lens[k], base)
+            anchors[k] = last_word_start(m, contexts[k], prompt_texts[k] + text, anchors[k])
+        outputs = [c[n:] for c, n in zip(contexts, prompt_lens)]
         hits = [text.find(s) for s in stop if s in text]
         if hits:
-            return text[: min(hits)], rounds
-        if best.eos or any(len(c) - n >= max_new_tokens for c, n in zip(contexts, prompt_lens)):
-            return text, rounds
+            return text[: min(hits)], rounds, outputs
+        if best.eos or any(len(o) >= max_new_tokens for o in outputs):
+            return text, rounds, outputs

@@ -1,10 +1,14 @@
 """Behaviour the spec promises for the knobs tau, M, B, K, on the real bundled pair."""
 
+import copy
+
 import pytest
 
 from adafuse import AdaFuseConfig, SingleConfig
-from adafuse.decode import generate
+from adafuse.decode import complete_words, generate
+from adafuse.errors import NumericsError
 from adafuse.greedy import generate as greedy
+from adafuse.model import Member
 
 from .helpers import clone
 
@@ -91,3 +95,47 @@ def test_stats_count_forward_passes_and_tokens(tiny):
     assert all(f >= stats.rounds for f in stats.forward_passes)
     assert all(fed >= generated for fed, generated in zip(stats.tokens_fed, stats.tokens_generated))
     assert stats.seconds > 0
+
+
+@pytest.mark.parametrize("options, what", [({}, "margin is NaN"), ({"fixed_words": 1}, "NLL of")])
+def test_non_finite_logits_are_a_named_error_naming_model_and_round(tiny, smol, options, what):
+    """A NaN margin would count as confident and a NaN score could win: both stop decoding with a named error."""
+    broken_model = copy.deepcopy(smol.model)
+    broken_model.model.norm.weight.data.fill_(float("nan"))  # every logit becomes NaN, as in a fp16 overflow
+    broken = Member("broken_smollm2", smol.tokenizer, broken_model)
+    with pytest.raises(NumericsError, match=rf"model 'broken_smollm2'.*{what}.*round 0|{what}.*round 0"):
+        generate([clone(tiny.members[1]), broken], QA, AdaFuseConfig(**options), stop=["\n"], max_new_tokens=8)
+
+
+def test_control_tokens_never_form_words(tiny, gemma):
+    """Spec §2: Gemma's added tokens (e.g. <start_of_image>, not flagged special) and specials are out
+    of its distribution for every method but `single`; its whitespace runs and eos stay in."""
+    names = gemma.tokenizer.convert_ids_to_tokens
+    control = {gemma.tokenizer.convert_tokens_to_ids(t) for t in ["<start_of_image>", "<bos>", "<pad>", "<table>"]}
+    assert control <= gemma.control_ids
+    assert not gemma.control_ids & gemma.eos_ids
+    assert not {gemma.tokenizer.convert_tokens_to_ids(t) for t in ["\n\n", "\t\t"]} & gemma.control_ids
+    gen = generate(tiny.members, QA, AdaFuseConfig(), stop=["\n"], max_new_tokens=12, trace=True)
+    for rnd in gen.trace.rounds:
+        for c in rnd.candidates:
+            for k, (m, score) in enumerate(zip(tiny.members, c.scores)):
+                assert not set(score.ids) & m.control_ids, names(score.ids) if k else score.ids
+    m = clone(gemma)
+    m.start(QA)
+    assert m.logprobs[sorted(m.control_ids)].max() == float("-inf")
+    m.start(QA, mask_control=False)
+    assert m.logprobs[sorted(m.control_ids)].max() > float("-inf")
+
+
+def test_a_word_cut_at_the_token_cap_never_ends_inside_a_character(smol):
+    """SmolLM2 spells an emoji over several byte tokens: a word capped at 1 token runs on to finish the
+    character, and one that cannot within the slack is cut back to its last character boundary."""
+    m = clone(smol)
+    m.start("🍕🍕🍕🍕🍕🍕🍕🍕")
+    rows = m.fork(1)
+    (word,) = complete_words(m, rows, [int(m.logprobs.argmax())], m.logprobs, [], max_tokens=1)
+    assert word.text and "\ufffd" not in word.text
+    assert len(rows.tokens[0]) == len(word.ids) and rows.last[0] is word.next_logprobs
+    m.commit(rows, 0, word.text)
+    m.check_invariant()
+    assert m.text_of(m.generated_ids, m.ids[: m.prompt_len]) == word.text

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from adafuse import AdaFuseConfig
-from adafuse.decode import Candidate, generate, score_foreign
+from adafuse.decode import generate
+from adafuse.model import common_prefix
 
 from . import reference
 from .helpers import clone
@@ -27,7 +28,7 @@ def test_fork_extend_commit_match_full_forward(tiny):
         rows.extend([[7], [], [9]])  # row 1 stops early and is padded
         for i in range(3):
             assert torch.allclose(rows.last[i], full_next_logprobs(m, rows.prefix + rows.tokens[i]), atol=1e-4)
-        m.commit(rows, 1)
+        m.commit(rows, 1, m.text_of(rows.tokens[1]))
         m.check_invariant()
         assert m.ids[-1] == firsts[1]
         m.feed([11, 12])
@@ -46,7 +47,7 @@ def test_rollback_past_the_sliding_window(tiny, shared_data, gemma):
     context = list(m.ids)
     rows = m.fork(2)
     rows.extend([[100, 200, 300], [400, 500, 600]])
-    m.commit(rows, 0)
+    m.commit(rows, 0, m.text_of(rows.tokens[0]))
     m.start(prompt[:-40])  # a shorter prompt: the cache is cut back inside the prompt
     m.check_invariant()
     assert m.ids == m.encode(prompt[:-40])
@@ -75,17 +76,55 @@ def test_retokenised_candidate_cuts_the_context_back_where_the_boundary_merges(g
     m = clone(gemma)
     prompt = "Here is a list:\n"
     m.start(prompt)
-    candidate = Candidate("\nThe", False, 1)
-    ((score, (rows, row)),) = score_foreign(m, prompt, [candidate])
+    (reading,) = m.read([m.align("\nThe")])
+    a = reading.alignment
     encoded = m.encode(prompt + "\nThe")
-    assert score.base < len(m.ids)  # the trailing "\n" token merged into "\n\n"
-    assert encoded[: score.base] == m.ids[: score.base] and score.ids == encoded[score.base :]
-    expected = reference.nll(reference.RefModel(m), m.ids[: score.base], score.ids, False)
-    assert score.nll == pytest.approx(expected, abs=1e-4)
-    m.commit(rows, row)
+    assert a.base < len(m.ids)  # the trailing "\n" token merged into "\n\n"
+    assert encoded[: a.base] == m.ids[: a.base] and a.ids == encoded[a.base :]
+    assert a.skip == 0  # "\n\n" carries the candidate's first character: it is scored
+    expected = reference.nll(reference.RefModel(m), m.ids[: a.base], a.ids, False)
+    assert -sum(reading.logprobs) / len(reading.logprobs) == pytest.approx(expected, abs=1e-4)
+    m.commit(*reading.home, "\nThe")
     m.check_invariant()
-    assert m.ids == encoded
+    assert m.ids == encoded and m.text == "\nThe"
+    assert m.generated_ids == encoded[a.base :]  # the cut-back reached into the prompt: the merged token is output
     assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
+
+
+def test_context_tokens_before_the_candidate_are_fed_but_not_scored(smol):
+    """SmolLM2 reads "Answer: " as [..":", "Ġ"]; the candidate "Paris" encodes as "ĠParis" after ":", so
+    the context's "Ġ" is cut back, and "ĠParis" carries the candidate: nothing is skipped. A candidate
+    that starts with its own space ("  x") re-reads the prompt's space inside a token that is scored."""
+    m = clone(smol)
+    m.start("Answer: ")
+    assert m.tokenizer.convert_ids_to_tokens(m.ids[-1]) == "Ġ"
+    a = m.align("Paris")
+    assert a.base == len(m.ids) - 1 and m.tokenizer.convert_ids_to_tokens(a.ids) == ["ĠParis"] and a.skip == 0
+
+
+def test_a_cut_back_never_reaches_before_the_last_committed_word(smol):
+    """Once the context holds the model's own non-canonical ids before its last word, a later candidate
+    is not cut back to them: the ids re-read stay bounded by the candidate plus the last word."""
+    m = clone(smol)
+    m.start("Answer:")
+    space, paris = m.encode_text(" "), m.encode_text("Paris")  # " " + "Paris": not the canonical " Paris"
+    m.append_ids(space + paris, " Paris")
+    m.append_ids(m.encode_text(" is"), " is")  # the model's own next word
+    canonical = m.encode_text("Answer: Paris is nice", add_special_tokens=True)
+    assert common_prefix(canonical, m.ids) < len(m.ids) - 2  # a full re-encoding departs two words back
+    a = m.align(" nice")
+    assert (a.base, a.ids, a.skip) == (len(m.ids), m.encode_text(" nice"), 0)
+    m.commit(*m.read([a])[0].home, " nice")
+    assert m.ids[-4:-1] == space + paris + m.encode_text(" is")  # never re-read
+    a = m.align("\n")  # the last word " nice" may be re-read, nothing before it
+    assert a.base >= len(m.ids) - 1
+
+
+def test_generated_text_that_looks_like_a_control_token_is_encoded_as_text(tiny):
+    for m in tiny.members:
+        ids = m.encode_text(" <eos> <|im_end|> <start_of_image> <table>")
+        assert not set(ids) & m.control_ids
+        assert m.text_of(ids, m.encode("x")) == " <eos> <|im_end|> <start_of_image> <table>"
 
 
 def test_cache_length_equals_context_after_every_decode(tiny):

@@ -52,3 +52,13 @@ def test_single_stops_at_stop_strings_and_eos(tiny, smol):
     gen = generate([smol_chat], "What is 2 + 2? Answer with one number.", SingleConfig(0), max_new_tokens=40)
     assert gen.stats.stop_reason == "eos"
     assert gen.ids[0] and gen.ids[0][-1] not in smol.eos_ids
+
+
+def test_single_records_its_steps_with_trace_and_leaves_control_tokens_out_of_its_text(tiny, gemma):
+    prompt = "Question: What is the capital of France?\nAnswer:"
+    gen = generate(tiny.members, prompt, SingleConfig(1), max_new_tokens=6, trace=True)
+    assert [s.token for s in gen.trace.steps] == gen.ids[0]
+    assert "".join(s.text for s in gen.trace.steps) == gen.text
+    prompt_ids = gemma.encode(prompt)
+    visible = gemma.text_of([t for t in gen.ids[0] if t not in gemma.control_ids], prompt_ids)
+    assert gen.text == visible

@@ -6,7 +6,7 @@ import pytest
 
 from adafuse.config import ModelConfig
 from adafuse.ensemble import model_config
-from adafuse.errors import ModelFileError, UnknownNameError
+from adafuse.errors import ConfigError, ModelFileError, UnknownNameError
 from adafuse.loading import converted_gguf_dir, default_cache_dir, model_location
 
 
@@ -38,6 +38,12 @@ def test_unknown_names_list_the_choices():
         model_config("smollm2")
     with pytest.raises(UnknownNameError, match="gemma3_270m"):
         model_location(ModelConfig(name="m", bundle="gemma_3"))
+
+
+def test_an_unknown_setting_in_a_model_entry_is_refused_by_name():
+    with pytest.raises(ConfigError, match="unknown setting.*dtpye"):
+        model_config({"name": "m", "path": "some/model", "dtpye": "float16"})
+    assert model_config("smollm2_135m").bundle == "smollm2_135m"  # Hydra's defaults list is not a setting
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ def test_every_traced_score_recomputes_from_a_cache_free_forward(tiny):
         for c in rnd.candidates:
             for k, (model, score) in enumerate(zip(models, c.scores)):
                 assert score.base <= len(contexts[k])
-                nll = reference.nll(model, contexts[k][: score.base], score.ids, score.eos)
+                nll = reference.nll(model, contexts[k][: score.base], score.ids, score.eos, score.skip)
                 assert score.nll == pytest.approx(nll, abs=1e-4)
                 checked += 1
             assert c.fused == pytest.approx(sum(s.nll for s in c.scores) / len(models), abs=1e-6)

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
-from adafuse.decode import choose_winner, cut_at_stop, margin
+from adafuse.decode import choose_winner, margin
 from adafuse.errors import ConfigError, UnknownNameError
 from adafuse.model import common_prefix
 from adafuse.registry import Registry
+from adafuse.stopping import cut_at_stop, stop_strings
 
 
 def test_margin_is_top1_minus_top2_probability():
@@ -41,7 +42,15 @@ def test_ties_go_to_the_earliest_candidate():
     ],
 )
 def test_cut_at_stop(text, new, stop, expected):
-    assert cut_at_stop(text, new, stop) == expected
+    assert cut_at_stop(text, new, tuple(stop)) == expected
+
+
+def test_one_stop_string_is_not_split_into_characters_and_an_empty_one_is_refused():
+    assert stop_strings("\n\nQuestion:") == ("\n\nQuestion:",)
+    assert stop_strings(["\n", "Q:"]) == ("\n", "Q:")
+    assert stop_strings(None) == ()
+    with pytest.raises(ConfigError, match="empty stop string"):
+        stop_strings(["\n", ""])
 
 
 @pytest.mark.parametrize(

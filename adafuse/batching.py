@@ -1,0 +1,192 @@
+"""Batched decoding across examples: continuous batching under plain, per-example methods.
+
+Each example in flight runs its method's ordinary `generate` in a worker thread, over a slot of
+member clones (`Member.clone`) that share the weights. A member with a scheduler attached does not
+run its forward passes itself: `Member._forward` hands the request to the scheduler and waits. Once
+every worker is waiting (or finished), the scheduler runs all waiting requests, merging those that
+go to the same weights into one padded forward pass (`model.forward_together`), and wakes the
+workers. So a method is written once, in the order of its paper, and knows nothing of batching.
+
+A finished example's slot takes the next example at once (continuous batching), and a slot's
+members keep their cache, so the few-shot prefix that a task's examples share is not read again.
+Workers run one at a time between passes (the scheduler waits for all of them), so which requests
+meet in a pass, and hence every result, does not depend on thread timing.
+"""
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import psutil
+import torch
+
+from adafuse.errors import BatchMemoryError
+from adafuse.model import Member, forward_together
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Request:
+    member: Member
+    cache: object
+    input_ids: torch.Tensor
+    last_only: bool
+    done: threading.Event = field(default_factory=threading.Event)
+    result: torch.Tensor | None = None
+    error: BaseException | None = None
+
+    @property
+    def mergeable(self) -> bool:
+        # A prompt read for its last logits alone stays alone: merged with others it would need the
+        # logits of every position (gigabytes with a 262k vocabulary). An empty cache has no layers to pad.
+        return not (self.last_only and self.input_ids.shape[1] > 1) and self.cache.get_seq_length() > 0
+
+
+class Scheduler:
+    """Gathers the forward requests of every example in flight and runs them in merged passes."""
+
+    def __init__(self, memory_budget: int | None = None):
+        self.lock = threading.Condition()
+        self.waiting: list[Request] = []
+        self.running = 0  # workers started and not finished
+        self.memory_budget = memory_budget or available_memory()
+        self.passes = 0  # merged forward passes actually run
+        self.rows = 0  # rows over those passes
+
+    def forward(self, member: Member, cache, input_ids: torch.Tensor, last_only: bool) -> torch.Tensor:
+        """Called by a worker: block until the scheduler has run this pass."""
+        request = Request(member, cache, input_ids, last_only)
+        with self.lock:
+            self.waiting.append(request)
+            self.lock.notify_all()
+        request.done.wait()
+        if request.error is not None:
+            raise request.error
+        return request.result
+
+    def run_waiting(self) -> None:
+        """Run every waiting request: one merged pass per weights, split where memory requires."""
+        requests, self.waiting = self.waiting, []
+        groups: dict[tuple[int, bool], list[Request]] = {}
+        for r in requests:
+            groups.setdefault((id(r.member.model), r.mergeable), []).append(r)
+        for (_, mergeable), group in groups.items():
+            chunks = self._chunks(group) if mergeable else [[r] for r in group]
+            for chunk in chunks:
+                self._run(chunk)
+
+    def _run(self, chunk: list[Request]) -> None:
+        try:
+            if len(chunk) == 1:
+                r = chunk[0]
+                results = [r.member.forward_alone(r.cache, r.input_ids, r.last_only)]
+            else:
+                results = forward_together(chunk[0].member, [r.cache for r in chunk], [r.input_ids for r in chunk])
+            for r, logits in zip(chunk, results):
+                r.result = logits
+        except BaseException as err:  # the workers re-raise it; the run stops with the real error
+            for r in chunk:
+                r.error = err
+        self.passes += 1
+        self.rows += sum(r.input_ids.shape[0] for r in chunk)
+        for r in chunk:
+            r.done.set()
+
+    def _chunks(self, group: list[Request]) -> list[list[Request]]:
+        """Split a group so that one merged pass (padded cache copies + logits) fits the memory budget."""
+        chunks, current = [], []
+        for r in sorted(group, key=lambda r: r.cache.get_seq_length()):  # similar lengths pad least
+            if current and pass_bytes(current + [r]) > self.memory_budget:
+                chunks.append(current)
+                current = []
+            if pass_bytes([r]) > self.memory_budget:
+                raise BatchMemoryError(
+                    f"model {r.member.name!r}: one example's forward pass needs about {pass_bytes([r]) >> 20} MiB, "
+                    f"more than the {self.memory_budget >> 20} MiB available"
+                )
+            current.append(r)
+        return chunks + [current]
+
+
+def pass_bytes(requests: list[Request]) -> int:
+    """About the memory a merged pass takes: the padded cache, copied twice (merge and append), and the logits."""
+    member = requests[0].member
+    rows = sum(r.input_ids.shape[0] for r in requests)
+    longest = max(r.cache.get_seq_length() for r in requests)
+    width = max(r.input_ids.shape[1] for r in requests)
+    return rows * (2 * (longest + width) * member.kv_bytes_per_token() + width * member.vocab_size * 8)
+
+
+def available_memory() -> int:
+    """Most bytes a pass may take: 80% of what is free now, on the GPU if there is one."""
+    if torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        return int(free * 0.8)
+    return int(psutil.virtual_memory().available * 0.8)
+
+
+def decode_many(
+    members: list[Member | None],
+    items: Iterable,
+    decode: Callable[[list[Member | None], object], object],
+    batch_size: int,
+    scheduler: Scheduler | None = None,
+) -> Iterator[tuple[object, object]]:
+    """Decode `items` with up to `batch_size` in flight; yields (item, decode(slot_members, item)) as each finishes.
+
+    `decode` is called in a worker thread with a slot's member clones (None stays None: a model the
+    method does not use). An exception in a worker stops the run and is raised here.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    scheduler = scheduler or Scheduler()
+    queue = iter(items)
+    free = [[None if m is None else attach(m.clone(), scheduler) for m in members] for _ in range(batch_size)]
+    finished: list[tuple[object, object, list, BaseException | None]] = []
+
+    def work(item, slot):
+        outcome, error = None, None
+        try:
+            outcome = decode(slot, item)
+        except BaseException as err:
+            error = err
+        with scheduler.lock:
+            finished.append((item, outcome, slot, error))
+            scheduler.running -= 1
+            scheduler.lock.notify_all()
+
+    def start_next() -> bool:
+        item = next(queue, _END)
+        if item is _END:
+            return False
+        with scheduler.lock:
+            scheduler.running += 1
+        threading.Thread(target=work, args=(item, free.pop()), daemon=True).start()
+        return True
+
+    while True:
+        while free and start_next():
+            pass
+        with scheduler.lock:
+            if not scheduler.running and not finished:
+                return
+            scheduler.lock.wait_for(lambda: finished or len(scheduler.waiting) == scheduler.running)
+            done, finished[:] = list(finished), []
+            if not done:  # every worker waits for a pass
+                scheduler.run_waiting()
+                continue
+        for item, outcome, slot, error in done:
+            if error is not None:
+                raise error
+            free.append(slot)
+            yield item, outcome
+
+
+def attach(member: Member, scheduler: Scheduler) -> Member:
+    member.scheduler = scheduler
+    return member
+
+
+_END = object()

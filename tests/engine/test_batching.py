@@ -1,0 +1,82 @@
+"""Batching across examples (adafuse/batching.py) changes no prediction: every example decoded with
+others in flight equals the same example decoded alone, on the real bundled pair."""
+
+import pytest
+import torch
+
+from adafuse.batching import Scheduler, decode_many
+from adafuse.ensemble import resolve_method
+from adafuse.errors import BatchMemoryError
+from adafuse.model import forward_together
+
+from .helpers import clone
+
+pytestmark = pytest.mark.slow
+
+
+def prompts_of_many_lengths(shared_data) -> list[tuple[str, list[str], int]]:
+    nq = (shared_data / "adafuse_local_datasets/NaturalQuestions/dev/nq_prompt.txt").read_text()
+    return [
+        ("Question: What is the capital of France?\nAnswer:", ["\n"], 16),  # stops after a round or two
+        (nq + "\n\nQuestion: when was the last time anyone was on the moon\nAnswer:", ["\n"], 16),  # ~800 tokens
+        ("Die Hauptstadt von Deutschland ist", [], 20),  # runs to the budget
+        ("List three colors:\n", ["\n\n"], 24),
+        ("日本の首都は", [], 8),
+        (nq + "\n\nQuestion: who wrote the declaration of independence\nAnswer:", ["\n"], 16),
+    ]
+
+
+@pytest.mark.parametrize("method, options", [("adafuse", {}), ("single", {"member": 1})])
+def test_batched_predictions_equal_unbatched_ones(tiny, shared_data, method, options):
+    cases = prompts_of_many_lengths(shared_data)
+    alone = [tiny.decode(p, method=method, stop=stop, max_new_tokens=n, **options) for p, stop, n in cases]
+    spec, cfg = resolve_method(method, options)
+
+    def one(members, i):  # each example keeps its own stop strings and budget
+        prompt, stop, budget = cases[i]
+        return spec.generate(members, prompt, cfg, stop=stop, max_new_tokens=budget)
+
+    scheduler, finished = Scheduler(), []
+    # a batch of 3 for 6 examples: finished examples' slots are refilled while others run on
+    for i, gen in decode_many(tiny.members, range(len(cases)), one, batch_size=3, scheduler=scheduler):
+        finished.append(i)
+        assert gen.text == alone[i].text, cases[i][0][-60:]
+        assert gen.ids == alone[i].ids
+        assert gen.stats.rounds == alone[i].stats.rounds
+        assert gen.stats.forward_passes == alone[i].stats.forward_passes
+    assert sorted(finished) == list(range(len(cases)))
+    assert finished != sorted(finished)  # a short example overtakes a long one
+    assert scheduler.rows > scheduler.passes  # passes carried several examples' rows
+
+
+def test_decode_batch_returns_results_in_prompt_order(tiny):
+    prompts = ["Question: Who wrote Hamlet?\nAnswer:", "1, 2, 3, 4,", "Question: What is 2 + 2?\nAnswer:"]
+    batched = tiny.decode_batch(prompts, batch_size=2, stop=["\n"], max_new_tokens=8)
+    assert [g.text for g in batched] == [tiny.decode(p, stop=["\n"], max_new_tokens=8).text for p in prompts]
+
+
+def test_a_merged_pass_equals_separate_passes(tiny):
+    """Rows of different examples, with caches of different lengths, read together: logits and caches
+    as if each had been read alone (float rounding aside)."""
+    for member in tiny.members:
+        short, long = clone(member), clone(member)
+        short.start("Hello there")
+        long.start("The quick brown fox jumps over the lazy dog. " * 20)
+        rows_a, rows_b = short.fork(2), long.fork(1)
+        inputs = [torch.tensor([[5, 6, 7], [8, 9, 10]]), torch.tensor([[11]])]
+        merged = forward_together(member, [rows_a.cache, rows_b.cache], inputs)
+        fresh_a, fresh_b = short.fork(2), long.fork(1)
+        separate = [member.forward_alone(fresh_a.cache, inputs[0]), member.forward_alone(fresh_b.cache, inputs[1])]
+        for got, want in zip(merged, separate):
+            assert got.shape == want.shape
+            assert torch.allclose(got, want, atol=1e-3)
+        for got_cache, want_cache in [(rows_a.cache, fresh_a.cache), (rows_b.cache, fresh_b.cache)]:
+            assert got_cache.get_seq_length() == want_cache.get_seq_length()
+            for g, w in zip(got_cache.layers, want_cache.layers):
+                assert torch.allclose(g.keys, w.keys, atol=1e-3)
+
+
+def test_a_pass_that_cannot_fit_is_a_named_error(tiny):
+    prompts = ["Question: What is the capital of France?\nAnswer:"] * 2
+    with pytest.raises(BatchMemoryError, match="MiB"):
+        tiny.decode_batch(prompts, batch_size=2, max_new_tokens=4, scheduler=Scheduler(memory_budget=1 << 20))
