@@ -9,8 +9,9 @@ workers. So a method is written once, in the order of its paper, and knows nothi
 
 A finished example's slot takes the next example at once (continuous batching), and a slot's
 members keep their cache, so the few-shot prefix that a task's examples share is not read again.
-Workers run one at a time between passes (the scheduler waits for all of them), so which requests
-meet in a pass, and hence every result, does not depend on thread timing.
+The scheduler waits for every worker before a pass, so which requests meet in a pass, and hence
+every result, does not depend on thread timing. Workers also take turns (`Scheduler.turn`): a
+tokenizer is not safe to call from two threads at once, and their Python work is serial anyway.
 """
 
 import logging
@@ -49,6 +50,7 @@ class Scheduler:
 
     def __init__(self, memory_budget: int | None = None):
         self.lock = threading.Condition()
+        self.turn = threading.Lock()  # held by the one worker that is running
         self.waiting: list[Request] = []
         self.running = 0  # workers started and not finished
         self.memory_budget = memory_budget or available_memory()
@@ -61,7 +63,9 @@ class Scheduler:
         with self.lock:
             self.waiting.append(request)
             self.lock.notify_all()
+        self.turn.release()
         request.done.wait()
+        self.turn.acquire()
         if request.error is not None:
             raise request.error
         return request.result
@@ -148,10 +152,12 @@ def decode_many(
 
     def work(item, slot):
         outcome, error = None, None
+        scheduler.turn.acquire()
         try:
             outcome = decode(slot, item)
         except BaseException as err:
             error = err
+        scheduler.turn.release()
         with scheduler.lock:
             finished.append((item, outcome, slot, error))
             scheduler.running -= 1

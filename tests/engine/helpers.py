@@ -1,6 +1,18 @@
+from omegaconf import OmegaConf
+
 from adafuse.model import Member
+from conf.schema import DataConf
+from eval.tasks import Task
+from tests.harness import compose_run
 
 
 def clone(member: Member) -> Member:
     """A second member over the same weights and tokenizer, with its own context and cache."""
-    return Member(member.name, member.tokenizer, member.model, chat_template=member.chat_template)
+    return member.clone()
+
+
+def nq_prompt(shared_data, example_id: str) -> tuple[str, list[str]]:
+    """The harness's prompt and stop strings for one Natural Questions example."""
+    cfg = OmegaConf.to_object(compose_run("task=nq", "task.limit=5").task)
+    task = Task(cfg, DataConf(dir=str(shared_data)))
+    return next(task.prompt(ex) for ex in task.examples if ex.id == example_id), list(cfg.stop)

@@ -7,6 +7,8 @@ from transformers import GenerationConfig
 from adafuse import SingleConfig
 from adafuse.greedy import generate
 
+from .helpers import nq_prompt
+
 pytestmark = pytest.mark.slow
 
 PROMPTS = [
@@ -54,11 +56,15 @@ def test_single_stops_at_stop_strings_and_eos(tiny, smol):
     assert gen.ids[0] and gen.ids[0][-1] not in smol.eos_ids
 
 
-def test_single_records_its_steps_with_trace_and_leaves_control_tokens_out_of_its_text(tiny, gemma):
-    prompt = "Question: What is the capital of France?\nAnswer:"
-    gen = generate(tiny.members, prompt, SingleConfig(1), max_new_tokens=6, trace=True)
-    assert [s.token for s in gen.trace.steps] == gen.ids[0]
+def test_single_keeps_control_tokens_in_its_ids_and_out_of_its_text(tiny, gemma, shared_data):
+    """On this NQ question Gemma's greedy output is <start_of_image> repeated (as generate() gives it);
+    the prediction leaves control tokens out, as lm-evaluation-harness leaves special tokens out."""
+    prompt, stop = nq_prompt(shared_data, "nq-4")
+    gen = generate(tiny.members, prompt, SingleConfig(1), stop=stop, max_new_tokens=8, trace=True)
+    assert gen.ids[0] == hf_greedy(gemma, prompt, 8)
+    shown = [t for t in gen.ids[0] if t not in gemma.control_ids]
+    assert len(shown) < len(gen.ids[0])  # control tokens were generated
+    assert gen.text == gemma.text_of(shown, gemma.encode(prompt))
+    assert "<start_of_image>" not in gen.text
+    assert [s.token for s in gen.trace.steps] == gen.ids[0]  # trace=true records every step
     assert "".join(s.text for s in gen.trace.steps) == gen.text
-    prompt_ids = gemma.encode(prompt)
-    visible = gemma.text_of([t for t in gen.ids[0] if t not in gemma.control_ids], prompt_ids)
-    assert gen.text == visible
