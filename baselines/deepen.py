@@ -80,6 +80,7 @@ from safetensors.torch import load_file, save_file
 
 from adafuse.errors import ConfigError
 from adafuse.loading import default_cache_dir
+from adafuse.methods import METHODS, Method
 from adafuse.session import Session
 from adafuse.words import ends_inside_char
 from baselines.vocab import Vocabulary, check_weights, common_texts, member_weights, vocabulary_of
@@ -233,30 +234,32 @@ def build_transfer(
     return tensors, {"l1_mean": l1.mean().item(), "l1_max": l1.max().item()}
 
 
-_DIGESTS: dict[int, tuple[weakref.ref, str]] = {}  # id(embedding tensor) -> (a reference to it, its digest)
+_DIGESTS: "weakref.WeakKeyDictionary[object, str]" = weakref.WeakKeyDictionary()  # model -> its embeddings' digest
 _LOADED: dict[str, dict] = {}  # cache key -> tensors read from disk, shared by every example of a run
-_LOCK = threading.Lock()
+_TRANSFERS: dict[tuple[str, str], Transfer] = {}  # (cache key, member digest) -> ready Transfer
+_LOCK = threading.Lock()  # guards the memos above
+_BUILD_LOCK = threading.Lock()  # one build at a time: examples decoded in parallel wait for the first
 
 
 def embedding_digest(embeddings: torch.Tensor) -> str:
-    """sha256 of an embedding matrix's shape, dtype and bytes (remembered per tensor: 0.5 s for 670 MB)."""
-    with _LOCK:
-        known = _DIGESTS.get(id(embeddings))
-        if known and known[0]() is embeddings:
-            return known[1]
+    """sha256 of an embedding matrix's shape, dtype and bytes (0.5 s for 670 MB)."""
     h = hashlib.sha256(f"{tuple(embeddings.shape)} {embeddings.dtype}".encode())
     flat = embeddings.detach().to("cpu").contiguous().view(-1).view(torch.uint8)
     for block in flat.split(1 << 26):
         h.update(block.numpy().tobytes())
-    digest = h.hexdigest()
-    with _LOCK:
-        _DIGESTS[id(embeddings)] = (weakref.ref(embeddings), digest)
-    return digest
+    return h.hexdigest()
 
 
 def member_digest(member, vocab: Vocabulary) -> str:
-    """What member i's P depends on apart from the anchors: its input embeddings and its vocabulary's texts."""
-    return hashlib.sha256(f"{embedding_digest(member.input_embeddings())} {vocab.digest}".encode()).hexdigest()
+    """What member i's P depends on apart from the anchors: its input embeddings and its vocabulary's
+    texts. The embeddings' digest is remembered per model object (clones of a member share it)."""
+    with _LOCK:
+        weights = _DIGESTS.get(member.model)
+    if weights is None:
+        weights = embedding_digest(member.input_embeddings())
+        with _LOCK:
+            _DIGESTS[member.model] = weights
+    return hashlib.sha256(f"{weights} {vocab.digest}".encode()).hexdigest()
 
 
 def cache_key(digests: list[str], cfg: DeepenConfig) -> str:
@@ -307,33 +310,44 @@ def prepare(members, cfg: DeepenConfig) -> list[Transfer]:
     digests = [member_digest(m, v) for m, v in zip(members, vocabs)]
     key = cache_key(digests, cfg)
     with _LOCK:
-        stored = _LOADED.get(key)
-    if stored is None:
-        path = transfer_path(cfg, key)
-        if path.is_file():
-            stored = load_file(str(path))
-            log.info("deepen: transfer matrices read from %s", path)
-        else:
-            stored = _build_all(members, vocabs, digests, cfg, path)
+        ready = [_TRANSFERS.get((key, d)) for d in digests]
+    if all(ready):
+        return ready
+    with _BUILD_LOCK:
         with _LOCK:
-            _LOADED[key] = stored
-    transfers = []
-    for m, d in zip(members, digests):
-        tag = d[:16]
-        emb = m.input_embeddings()
-        anchors = stored[f"{tag}.anchors"].long()
-        transfers.append(
-            Transfer(
-                anchors=anchors,
-                offset=stored[f"{tag}.offset"],
-                slope=stored[f"{tag}.slope"],
-                top_ids=stored[f"{tag}.top_ids"].long(),
-                top_values=stored[f"{tag}.top_values"],
-                embeddings=emb,
-                anchor_dirs=torch.nn.functional.normalize(emb[anchors].detach().float(), dim=-1),
-            )
-        )
+            stored = _LOADED.get(key)
+        if stored is None:
+            path = transfer_path(cfg, key)
+            if path.is_file():
+                stored = load_file(str(path))
+                log.info("deepen: transfer matrices read from %s", path)
+            else:
+                stored = _build_all(members, vocabs, digests, cfg, path)
+            with _LOCK:
+                _LOADED[key] = stored
+        transfers = []
+        for m, d in zip(members, digests):
+            with _LOCK:
+                ready = _TRANSFERS.get((key, d))
+            if ready is None:
+                ready = _transfer(stored, d[:16], m.input_embeddings())
+                with _LOCK:
+                    _TRANSFERS[(key, d)] = ready
+            transfers.append(ready)
     return transfers
+
+
+def _transfer(stored: dict[str, torch.Tensor], tag: str, embeddings: torch.Tensor) -> Transfer:
+    anchors = stored[f"{tag}.anchors"].long()
+    return Transfer(
+        anchors=anchors,
+        offset=stored[f"{tag}.offset"],
+        slope=stored[f"{tag}.slope"],
+        top_ids=stored[f"{tag}.top_ids"].long(),
+        top_values=stored[f"{tag}.top_values"],
+        embeddings=embeddings,
+        anchor_dirs=torch.nn.functional.normalize(embeddings[anchors].float(), dim=-1),
+    )
 
 
 def choose_anchors(vocabs: list[Vocabulary], max_anchors: int | None) -> list[str]:
@@ -476,8 +490,8 @@ def generate(members, prompt: str, cfg: DeepenConfig, *, stop=(), max_new_tokens
         if not skip:
             q = sum(w * anchor_distribution(t, m.logprobs, cfg.support) for w, t, m in zip(weights, transfers, members))
             token, losses = inverse_map(transfers[cfg.main], main.logprobs, q, cfg)
-        if trace:
-            s.steps.append(Step(argmax, not skip, token, losses))
+        if s.record:
+            s.record.steps.append(Step(argmax, not skip, token, losses))
         if token in main.eos_ids:
             s.add("", eos=True)
             break
@@ -508,3 +522,6 @@ def _advance_main(main, token: int) -> str:
         text = main.text_of(ids)
     main.commit(rows, 0, text)
     return text
+
+
+METHODS.register("deepen")(Method(DeepenConfig, generate, positions_needed))

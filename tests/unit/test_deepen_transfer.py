@@ -27,6 +27,7 @@ class FakeMember:
         self.eos_ids = frozenset({0})
         self.control_ids = frozenset()
         self.weight = torch.randn(len(pieces), hidden, generator=torch.Generator().manual_seed(seed))
+        self.model = torch.nn.Module()  # the embeddings' digest is remembered per model object
 
     def input_embeddings(self) -> torch.Tensor:
         return self.weight
@@ -39,6 +40,7 @@ class FakeMember:
 def fresh(monkeypatch, tmp_path):
     """An empty cache directory and an empty in-process memo."""
     monkeypatch.setattr(deepen, "_LOADED", {})
+    monkeypatch.setattr(deepen, "_TRANSFERS", {})
     return DeepenConfig(cache_dir=str(tmp_path), row_top_k=2)
 
 
@@ -47,8 +49,7 @@ def test_compressed_rows_match_the_dense_softmax():
     anchors = torch.arange(0, 300, 3)
     stored, error = build_transfer(emb, anchors, temperature=100.0, row_top_k=4)
     dense = dense_transfer_rows(emb, anchors, torch.arange(300), 100.0)
-    transfer = deepen.Transfer(embeddings=emb, anchor_dirs=torch.nn.functional.normalize(emb[anchors], dim=-1),
-                               **{k: v.long() if k in ("anchors", "top_ids") else v for k, v in stored.items()})  # fmt: skip
+    transfer = deepen._transfer({f"t.{k}": v for k, v in stored.items()}, "t", emb)
     ours = transfer.dense_rows(torch.arange(300))
     l1 = (ours - dense).abs().sum(-1)
     assert torch.allclose(ours.sum(-1), torch.ones(300), atol=1e-5)  # every row still sums to 1
@@ -73,6 +74,7 @@ def test_second_call_reads_the_safetensors_file_and_builds_nothing(fresh, monkey
         assert all(key.endswith((".anchors", ".offset", ".slope", ".top_ids", ".top_values")) for key in f.keys())
 
     monkeypatch.setattr(deepen, "_LOADED", {})
+    monkeypatch.setattr(deepen, "_TRANSFERS", {})
     monkeypatch.setattr(deepen, "build_transfer", lambda *a, **k: pytest.fail("built again instead of reading"))
     second = prepare(members, fresh)
     for x, y in zip(first, second):
