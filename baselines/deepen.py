@@ -136,7 +136,8 @@ class Transfer:
 
     Stored: anchors (|A|,) ids of the anchors in this vocabulary; offset, slope (V,); top_ids,
     top_values (V, k): the exact entries of each row's top k. Held from the model: embeddings
-    (V, h), its input embeddings; anchor_dirs (|A|, h), the anchors' unit embeddings.
+    (V, h), its input embeddings; anchor_dirs (|A|, h), the anchors' unit embeddings. Derived once:
+    top_fix (V, k), exact minus first-order value at the kept entries.
     """
 
     anchors: torch.Tensor
@@ -146,6 +147,16 @@ class Transfer:
     top_values: torch.Tensor
     embeddings: torch.Tensor
     anchor_dirs: torch.Tensor
+    top_fix: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.top_fix is None:
+            self.top_fix = torch.empty_like(self.top_values)
+            for start in range(0, len(self.offset), BUILD_ROWS):
+                ids = torch.arange(start, min(start + BUILD_ROWS, len(self.offset)))
+                top = self.top_ids[ids]
+                dots = torch.einsum("nh,nkh->nk", self.embeddings[ids].float(), self.anchor_dirs[top])
+                self.top_fix[ids] = self.top_values[ids] - (self.offset[ids, None] + self.slope[ids, None] * dots)
 
     @property
     def n_anchors(self) -> int:
@@ -153,15 +164,11 @@ class Transfer:
 
     def rows(self, ids: torch.Tensor) -> "TransferRows":
         """The rows `ids` of P_i, ready for products with weights over them."""
-        e = self.embeddings[ids].float()  # (N, h)
-        top = self.top_ids[ids]  # (N, k)
-        dots = torch.einsum("nh,nkh->nk", e, self.anchor_dirs[top])  # E[v] . Ê_a at the kept entries
-        base = self.offset[ids, None] + self.slope[ids, None] * dots
         return TransferRows(
-            scaled=self.slope[ids, None] * e,
+            scaled=self.slope[ids, None] * self.embeddings[ids].float(),
             offset=self.offset[ids],
-            top_ids=top,
-            top_fix=self.top_values[ids] - base,  # exact minus first-order value at the kept entries
+            top_ids=self.top_ids[ids],
+            top_fix=self.top_fix[ids],
             anchor_dirs=self.anchor_dirs,
         )
 
