@@ -3,3 +3,5 @@
 Each module registers its method in `adafuse.methods.METHODS` when imported; this package imports
 every one of them, and adafuse/methods.py imports this package, so a registered name is always there.
 """
+
+from baselines import deepen, unite  # noqa: E402, F401

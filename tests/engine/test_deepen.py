@@ -1,0 +1,189 @@
+"""DeePEn on the real bundled pair against a slow, plain implementation written here (no cache, every
+distribution from a full forward pass, transfer rows written out densely, upstream's optimiser loop
+over the whole vocabulary), plus either member as the main one, K = 3, the cache, stop rules.
+
+The transfer matrices here keep 4096 anchors (`max_anchors`), so a fresh machine builds them in
+about a minute; the decoding step does not depend on the anchor count.
+"""
+
+import pytest
+import torch
+
+import baselines.deepen as deepen
+from adafuse.config import SingleConfig
+from adafuse.errors import ConfigError
+from adafuse.greedy import generate as greedy
+from baselines.deepen import DeepenConfig, generate, prepare
+from tests.engine.helpers import clone
+from tests.engine.test_unite import CASES
+from tests.engine.token_reference import PARTIAL, RefMember, stopped
+
+pytestmark = pytest.mark.slow
+
+ANCHORS = 4096
+
+
+def dense_rows(t, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of a member's transfer matrix, written out: offset + slope * (E[v] . unit anchor
+    embedding), with the stored exact entries put in place."""
+    anchor_dirs = torch.nn.functional.normalize(t.embeddings[t.anchors].float(), dim=-1)
+    rows = t.offset[ids, None] + t.slope[ids, None] * (t.embeddings[ids].float() @ anchor_dirs.T)
+    rows[torch.arange(len(ids))[:, None], t.top_ids[ids]] = t.top_values[ids]
+    return rows
+
+
+def to_anchors(t, lp: torch.Tensor, support: int) -> torch.Tensor:
+    top = lp.topk(support).indices
+    p = lp.exp()[top]
+    return p @ dense_rows(t, top) + (1 - p.sum()) / len(t.anchors)
+
+
+def inverse(t, lp: torch.Tensor, q: torch.Tensor, cfg: DeepenConfig) -> int:
+    """Upstream's loop over the whole vocabulary; tokens outside the `support` most probable get no gradient."""
+    top = lp.topk(cfg.support).indices
+    rows = dense_rows(t, top)
+    frozen = torch.ones_like(lp, dtype=torch.bool)
+    frozen[top] = False
+    z = lp.clone().requires_grad_(True)
+    opt = torch.optim.AdamW([z], lr=cfg.lr, betas=(0.9, 0.999))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10, eta_min=cfg.lr / 4)
+    for _ in range(cfg.steps):
+        s = torch.softmax(z, dim=0)
+        q0 = s[top] @ rows + (1 - s[top].sum()) / len(t.anchors)
+        loss = torch.nn.functional.kl_div(q0.clamp_min(1e-12).log(), q.clamp_min(1e-12), reduction="mean")
+        opt.zero_grad()
+        loss.backward()
+        z.grad[frozen] = 0
+        opt.step()
+        sched.step()
+    return int(z.detach().argmax())
+
+
+def reference(members, prompt: str, cfg: DeepenConfig, stop=(), max_new_tokens: int = 16):
+    """DeePEn as the research notes describe it, plainly: (text, stop reason, each member's output ids)."""
+    transfers = prepare(members, cfg)  # the stored matrices; everything else is recomputed here
+    refs = [RefMember(m, prompt) for m in members]
+    weights = cfg.weights or [1 / len(members)] * len(members)
+    main = refs[cfg.main]
+    text = ""
+    while True:
+        with torch.enable_grad():
+            dists = [r.logprobs() for r in refs]
+            argmax = [int(lp.argmax()) for lp in dists]
+            token = argmax[cfg.main]
+            texts = {r.texts()[i] for r, i in zip(refs, argmax)}
+            agree = len(texts) == 1 and None not in texts
+            if token not in main.eos_ids and not (cfg.skip_agree and agree):
+                q = sum(w * to_anchors(t, lp, cfg.support) for w, t, lp in zip(weights, transfers, dists))
+                token = inverse(transfers[cfg.main], dists[cfg.main], q, cfg)
+        if token in main.eos_ids:
+            return text, "eos", [r.generated() for r in refs]
+        ids = [token]
+        new = main.m.text(main.ids, ids)
+        while new.endswith(PARTIAL) and len(ids) < 4:  # the main member finishes a multi-byte character
+            lp = main.m.logprobs(main.ids + ids, 1)[-1]
+            lp[list(main.eos_ids)] = float("-inf")
+            ids.append(int(lp.argmax()))
+            new = main.m.text(main.ids, ids)
+        main.add_own(ids, text + new)
+        for r in refs:
+            if r is not main:
+                r.add_text(text, new)
+        text, reason = stopped(text + new, stop, refs, max_new_tokens)
+        if reason:
+            return text, reason, [r.generated() for r in refs]
+
+
+def same_as_reference(members, prompt, cfg, stop, budget):
+    gen = generate(members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
+    text, reason, ids = reference(members, prompt, cfg, stop, budget)
+    assert (gen.text, gen.stats.stop_reason) == (text, reason)
+    assert gen.ids == ids
+    for m in members:
+        m.check_invariant()
+    return gen
+
+
+@pytest.mark.parametrize("prompt, stop, budget", CASES)
+def test_deepen_equals_the_plain_reference_with_smollm2_as_main(tiny, prompt, stop, budget):
+    cfg = DeepenConfig(max_anchors=ANCHORS, skip_agree=False)  # every step runs the ensemble step
+    gen = same_as_reference(tiny.members, prompt, cfg, stop, budget)
+    assert all(step.fused for step in gen.trace.steps if step.token not in tiny.members[0].eos_ids)
+    assert PARTIAL not in gen.text
+
+
+@pytest.mark.parametrize("prompt, stop, budget", [CASES[1], CASES[3]])
+def test_deepen_equals_the_plain_reference_with_gemma_as_main(tiny, prompt, stop, budget):
+    same_as_reference(tiny.members, prompt, DeepenConfig(main=1, max_anchors=ANCHORS, skip_agree=False), stop, budget)
+
+
+def test_agreeing_steps_are_skipped_and_the_rest_fused(tiny):
+    cfg = DeepenConfig(max_anchors=ANCHORS)
+    gen = same_as_reference(tiny.members, CASES[0][0], cfg, ["\n"], 10)
+    vocabs = [deepen.vocabulary_of(m) for m in tiny.members]
+    for step in gen.trace.steps:
+        texts = {v.texts[i] for v, i in zip(vocabs, step.argmax)}
+        assert step.fused == (
+            not (len(texts) == 1 and None not in texts) and step.argmax[0] not in tiny.members[0].eos_ids
+        )
+        assert len(step.loss) == (cfg.steps if step.fused else 0)
+
+
+def test_three_members_with_a_clone_match_the_reference(tiny, smol):
+    members = [*tiny.members, clone(smol)]
+    cfg = DeepenConfig(max_anchors=ANCHORS, skip_agree=False, weights=[0.25, 0.5, 0.25])
+    gen = same_as_reference(members, "Question: Who wrote Hamlet?\nAnswer:", cfg, ["\n"], 8)
+    assert gen.ids[0] == gen.ids[2] and len(gen.stats.forward_passes) == 3
+
+
+def test_lr_zero_is_the_main_members_greedy_decoding(tiny):
+    prompt = "Englisch: The old house is very small.\nDeutsch:"
+    for main in (0, 1):
+        gen = generate(
+            tiny.members, prompt, DeepenConfig(main=main, lr=0, max_anchors=ANCHORS), stop=["\n"], max_new_tokens=12
+        )
+        alone = greedy(tiny.members, prompt, SingleConfig(member=main), stop=["\n"], max_new_tokens=12)
+        assert gen.text == alone.text
+
+
+def test_budget_stop_string_and_eos(tiny, smol):
+    cfg = DeepenConfig(max_anchors=ANCHORS)
+    gen = generate(tiny.members, "Once upon a time", cfg, max_new_tokens=5)
+    assert gen.stats.stop_reason == "length" and max(gen.stats.tokens_generated) >= 5
+    gen = generate(
+        tiny.members, "Question: What is the capital of France?\nAnswer:", cfg, stop=["is"], max_new_tokens=30
+    )
+    assert gen.stats.stop_reason == "stop" and "is" not in gen.text
+    chat = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
+    gen = generate([smol, clone(smol)], chat, cfg, max_new_tokens=40)
+    assert gen.stats.stop_reason == "eos" and "<|im_end|>" not in gen.text
+
+
+def test_the_real_pair_reads_its_matrices_back_from_disk(tiny, smol, tmp_path, monkeypatch):
+    monkeypatch.setattr(deepen, "_LOADED", {})
+    monkeypatch.setattr(deepen, "_TRANSFERS", {})
+    cfg = DeepenConfig(max_anchors=256, cache_dir=str(tmp_path))
+    built = prepare(tiny.members, cfg)
+    (path,) = (tmp_path / "deepen").glob("*.safetensors")
+    meta = deepen.read_metadata(path)
+    assert meta["anchors"] == "256" and {meta[k] for k in meta if k.endswith(".name")} == {
+        "smollm2_135m",
+        "gemma3_270m",
+    }
+    monkeypatch.setattr(deepen, "_LOADED", {})
+    monkeypatch.setattr(deepen, "_TRANSFERS", {})
+    monkeypatch.setattr(deepen, "build_transfer", lambda *a, **k: pytest.fail("built again instead of reading"))
+    read = prepare(tiny.members, cfg)
+    assert all(torch.equal(a.slope, b.slope) and torch.equal(a.top_ids, b.top_ids) for a, b in zip(built, read))
+    # Another set of models is another file (SmolLM2 with itself: its whole vocabulary is the anchors' pool).
+    monkeypatch.undo()
+    monkeypatch.setattr(deepen, "_LOADED", {})
+    prepare([smol, clone(smol)], cfg)
+    assert len(list((tmp_path / "deepen").glob("*.safetensors"))) == 2
+
+
+def test_a_main_member_that_does_not_exist_is_refused(tiny):
+    with pytest.raises(ConfigError, match="main member 2 does not exist"):
+        generate(tiny.members, "Hi", DeepenConfig(main=2), max_new_tokens=2)
+    with pytest.raises(ConfigError, match="1 weights for 2 members"):
+        generate(tiny.members, "Hi", DeepenConfig(weights=[1.0]), max_new_tokens=2)
