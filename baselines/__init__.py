@@ -3,3 +3,6 @@
 Each module registers its method in `adafuse.methods.METHODS` when imported; this package imports
 every one of them, and adafuse/methods.py imports this package, so a registered name is always there.
 """
+
+import baselines.llm_blender  # noqa: F401
+import baselines.sweetspan  # noqa: F401

@@ -35,21 +35,135 @@ Choices where upstream differs or is silent (documented, deliberate):
   matrix (N(N-1) comparisons, one batch) is offered.
 - Upstream replaces the separator token's text inside inputs by a space; here every special token's
   text ([SEP], [CLS], <|source|>, ...) is, so an answer can never fake a prefix position.
+- A source longer than PairRM's 1224 tokens keeps its end, not its start as upstream's truncation
+  does: our few-shot prompts put the question being answered last.
 - Identical answers need no ranking: when all members agree, member 0's answer is returned without
   scoring (every ranker would tie them, and ties go to the lower index).
 """
 
 import json
+import math
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from adafuse.errors import ConfigError, ModelFileError
+from adafuse import greedy
+from adafuse.config import SingleConfig
+from adafuse.errors import ConfigError, ModelFileError, NumericsError, UnknownNameError
+from adafuse.methods import METHODS, Method
+from adafuse.model import Member
+from adafuse.trace import Generation, Score, Stats, Trace
 
 RANKERS = ("nll", "pairrm")
+
+
+@dataclass
+class LLMBlenderConfig:
+    """Knobs of `method=llm_blender`."""
+
+    ranker: str = "nll"  # nll: the members' mean NLL of each answer; pairrm: upstream's PairRM
+    pairrm_path: str = "llm-blender/PairRM"  # a hub id or a local directory (ranker=pairrm only)
+
+    def __post_init__(self):
+        if self.ranker not in RANKERS:
+            raise UnknownNameError("ranker", self.ranker, RANKERS)
+        if self.ranker == "pairrm":
+            check_pairrm_path(self.pairrm_path)
+
+
+@dataclass
+class Ranking:
+    """What `trace=true` records of the one sample-level step."""
+
+    ranker: str
+    answers: list[str]  # per member: its greedy answer (method=single's output)
+    candidates: list[str]  # the distinct answers, in member order
+    scores: list[float]  # per candidate: nll, lower is better (inf: empty); pairrm, higher is better
+    chosen: int  # the member whose answer is the output
+    nll: list[list[Score]] = field(default_factory=list)  # ranker=nll: per member, per candidate
+    matrix: list[list[float]] = field(default_factory=list)  # ranker=pairrm: C[i][j] over candidates
+
+
+def positions_needed(cfg: LLMBlenderConfig, max_new_tokens: int) -> int:
+    """Each member's greedy answer; ranker=nll then reads every answer after the prompt, re-encoded as
+    text, which room for twice the budget covers (re-tokenised text is rarely longer than the ids)."""
+    return 2 * max_new_tokens if cfg.ranker == "nll" else max_new_tokens
+
+
+def generate(
+    members: list[Member], prompt: str, cfg: LLMBlenderConfig, *, stop=(), max_new_tokens: int = 64, trace: bool = False
+) -> Generation:
+    """Every member's greedy answer, and the one the ranker picks."""
+    started = time.perf_counter()
+    reserve = positions_needed(cfg, max_new_tokens)
+    # Each answer is exactly method=single's output (its own Session: counters reset, raw distribution).
+    answers = [
+        greedy.generate([m], prompt, SingleConfig(0), stop=stop, max_new_tokens=max_new_tokens, trace=trace)
+        for m in members
+    ]
+    texts = [a.text for a in answers]
+    candidates = list(dict.fromkeys(texts))  # distinct, in member order
+    ranking = Ranking(cfg.ranker, texts, candidates, [0.0] * len(candidates), 0)
+    if len(candidates) > 1:
+        if cfg.ranker == "nll":
+            ranking.scores, ranking.nll = rank_by_nll(members, prompt, candidates, reserve)
+            best = min(range(len(candidates)), key=ranking.scores.__getitem__)  # ties: the lower member
+        else:
+            ranker = pairrm(cfg.pairrm_path, members[0].device)
+            ranking.scores, matrix = ranker.scores(prompt, candidates)
+            ranking.matrix = matrix.tolist()
+            best = max(range(len(candidates)), key=ranking.scores.__getitem__)
+        ranking.chosen = texts.index(candidates[best])
+    chosen = answers[ranking.chosen]
+    stats = Stats(
+        stop_reason=chosen.stats.stop_reason,
+        rounds=1,
+        tokens_generated=[len(a.ids[0]) for a in answers],
+        # greedy decoding counted from its own start; a member that ranked read on after it
+        tokens_fed=[m.tokens_fed for m in members],
+        forward_passes=[m.forward_passes for m in members],
+        seconds=time.perf_counter() - started,
+    )
+    record = None
+    if trace:
+        record = Trace(prompt_ids=[a.trace.prompt_ids[0] for a in answers], steps=[ranking])
+    return Generation(text=chosen.text, stats=stats, ids=[a.ids[0] for a in answers], trace=record)
+
+
+def rank_by_nll(
+    members: list[Member], prompt: str, candidates: list[str], reserve: int
+) -> tuple[list[float], list[list[Score]]]:
+    """Each candidate's mean over members of its mean token NLL given the prompt (an empty answer: inf).
+
+    Each member goes back to the prompt (re-reading its last token, control tokens masked as for
+    every score, spec §2) and reads all candidates as its tokenizer encodes them after the prompt, in
+    one batched pass (`Member.align`, `Member.read`): its own answer too, so every answer is scored
+    on its text alone, whatever ids produced it and however it ended (eos, stop string, budget).
+    """
+    readable = [i for i, text in enumerate(candidates) if text]
+    per_member: list[list[Score]] = []
+    for m in members:
+        scores = [Score(0, [], False, math.inf) for _ in candidates]
+        if len(readable) > 1:  # a lone non-empty answer wins without reading
+            m.start(prompt, reserve=reserve)
+            for i, reading in zip(readable, m.read([m.align(candidates[i]) for i in readable])):
+                a = reading.alignment
+                if not reading.logprobs:
+                    raise AssertionError(f"model {m.name!r} has no tokens to score for answer {candidates[i]!r}")
+                nll = -sum(reading.logprobs) / len(reading.logprobs)
+                if not math.isfinite(nll):
+                    raise NumericsError(f"model {m.name!r}: the NLL of the answer {candidates[i]!r} is {nll}")
+                scores[i] = Score(a.base, a.ids, False, nll, skip=a.skip)
+        elif readable:
+            scores[readable[0]].nll = 0.0
+        per_member.append(scores)
+    fused = [sum(s[i].nll for s in per_member) / len(members) for i in range(len(candidates))]
+    return fused, per_member
+
 
 # ---- PairRM ---------------------------------------------------------------------------------------
 
@@ -103,16 +217,26 @@ class PairRanker:
             text = text.replace(special, " ")
         return text
 
-    def _segment(self, prefix: str, text: str, limit: int) -> list[int]:
-        """[CLS] prefix text [SEP], truncated to `limit` tokens, as upstream encodes each part."""
-        ids = self.tokenizer(prefix + self._clean(text), truncation=True, max_length=limit)["input_ids"]
-        if self.tokenizer.convert_tokens_to_ids(prefix) not in ids[:2]:
-            raise ConfigError(f"PairRM's tokenizer does not read {prefix!r} as one token at the start of a segment")
-        return ids
+    def _segment(self, prefix: str, text: str, limit: int, keep_end: bool = False) -> list[int]:
+        """[CLS] prefix text [SEP] as upstream encodes each part, cut to `limit` tokens: the text's
+        start is kept (upstream), or its end with `keep_end`."""
+        ids = self.tokenizer(prefix + self._clean(text))["input_ids"]
+        mark = self.tokenizer.convert_tokens_to_ids(prefix)
+        if ids[:1] != [self.tokenizer.cls_token_id] or ids[1:2] != [mark] or ids[-1:] != [self.tokenizer.sep_token_id]:
+            raise ConfigError(f"PairRM's tokenizer does not encode a segment as [CLS]{prefix}...[SEP]")
+        if len(ids) <= limit:
+            return ids
+        body = ids[2:-1]
+        body = body[len(body) - (limit - 3) :] if keep_end else body[: limit - 3]
+        return ids[:2] + body + ids[-1:]
 
     def pair_ids(self, source: str, first: str, second: str) -> list[int]:
-        """The input ids of one comparison: is `first` a better answer to `source` than `second`?"""
-        source_ids = self._segment(SOURCE, source, self.source_max_tokens)
+        """The input ids of one comparison: is `first` a better answer to `source` than `second`?
+
+        A long source keeps its end: a few-shot prompt puts the question being answered last
+        (upstream keeps the start, which would cut the question away).
+        """
+        source_ids = self._segment(SOURCE, source, self.source_max_tokens, keep_end=True)
         # Budget the source does not use goes to the candidates, as upstream does.
         limit = (self.source_max_tokens + 2 * self.candidate_max_tokens - len(source_ids)) // 2
         return source_ids + self._segment(CANDIDATE1, first, limit) + self._segment(CANDIDATE2, second, limit)
@@ -282,3 +406,6 @@ def pairrm(path: str, device) -> PairRanker:
         if key not in _LOADED:
             _LOADED[key] = load_pairrm(path, device)
         return _LOADED[key]
+
+
+METHODS.register("llm_blender")(Method(LLMBlenderConfig, generate, positions_needed))

@@ -39,7 +39,13 @@ Choices where the notes leave one open or where the upstream description is wron
 
 from dataclasses import dataclass
 
+from adafuse.decode import _CHAR_SLACK, Proposal, build_pool, choose_winner, complete_words, score_candidates
 from adafuse.errors import ConfigError
+from adafuse.methods import METHODS, Method
+from adafuse.model import Member
+from adafuse.session import Session
+from adafuse.stopping import cut_at_stop
+from adafuse.trace import Generation, Score
 
 
 @dataclass
@@ -91,3 +97,85 @@ def fused_scores(nll: list[list[float]], cfg: SweetSpanConfig) -> tuple[list[flo
     scores = normalized(nll) if cfg.normalize else nll
     kept = [kept_by_filter(row, cfg.outlier_ratio) for row in scores]
     return [sum(row[k] for k in keep) / len(keep) for row, keep in zip(scores, kept)], kept
+
+
+# ---- decoding -------------------------------------------------------------------------------------
+
+
+@dataclass
+class SpanCandidate:
+    """One distinct span of a round, as `trace=true` records it."""
+
+    text: str
+    eos: bool  # the span ends at end-of-sequence
+    proposers: list[int]  # members that proposed it, in member order
+    words: int
+    scores: list[Score]  # per member: the ids it read (after `base` context ids) and their mean NLL
+    kept: list[int]  # members whose scores the outlier filter kept
+    nll: float  # the span's score: the mean of the kept (normalised) scores; the lowest wins
+
+
+@dataclass
+class SpanRound:
+    round_idx: int
+    candidates: list[SpanCandidate]  # pool order: member order
+    winner: int
+
+
+def positions_needed(cfg: SweetSpanConfig, max_new_tokens: int) -> int:
+    """The budget, overrun by at most one round's span (each word may run on to finish a character)."""
+    return max_new_tokens + cfg.span_words * (cfg.max_word_tokens + _CHAR_SLACK)
+
+
+def generate(
+    members: list[Member], prompt: str, cfg: SweetSpanConfig, *, stop=(), max_new_tokens: int = 64, trace: bool = False
+) -> Generation:
+    """Decode `prompt` with the ensemble `members` (K >= 1), one span per round."""
+    s = Session(
+        members,
+        prompt,
+        reserve=positions_needed(cfg, max_new_tokens),
+        stop=stop,
+        max_new_tokens=max_new_tokens,
+        trace=trace,
+    )
+    while not s.done:
+        round_idx = s.stats.rounds
+        pool = build_pool([[propose_span(m, cfg, s.text, s.stop)] for m in members])
+        for k, m in enumerate(members):
+            score_candidates(m, k, pool, round_idx)
+        fused, kept = fused_scores([[score.nll for score in c.scores] for c in pool], cfg)
+        winner = choose_winner(fused)
+        best = pool[winner]
+        for k, m in enumerate(members):
+            m.commit(*best.homes[k], best.text)
+            m.check_invariant()
+        if s.record:
+            spans = [
+                SpanCandidate(c.text, c.eos, c.proposers, c.words, c.scores, keep, f)
+                for c, keep, f in zip(pool, kept, fused)
+            ]
+            s.record.steps.append(SpanRound(round_idx, spans, winner))
+        s.stats.words_per_round.append(best.words)
+        s.add(best.text, eos=best.eos)
+    return s.finish()
+
+
+def propose_span(m: Member, cfg: SweetSpanConfig, shared: str, stop: tuple[str, ...]) -> Proposal:
+    """Member m's span: up to `span_words` greedy words after the shared text `shared` (spec §2's word rule).
+
+    The span ends early at end-of-sequence, at a word cut at the token cap, or at the word that
+    completes a stop string in `shared` + span (nothing after it could be output).
+    """
+    rows = m.fork(1)
+    logprobs, words = m.logprobs, []
+    while len(words) < cfg.span_words:
+        (word,) = complete_words(m, rows, [int(logprobs.argmax())], logprobs, words, cfg.max_word_tokens)
+        words.append(word)
+        if word.eos or word.cut or cut_at_stop(shared, "".join(w.text for w in words), stop)[1]:
+            break
+        logprobs = word.next_logprobs
+    return Proposal(words, rows, 0)
+
+
+METHODS.register("sweetspan")(Method(SweetSpanConfig, generate, positions_needed))
