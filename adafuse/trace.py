@@ -17,6 +17,7 @@ class Stats:
     tokens_fed: list[int] = field(default_factory=list)  # per model: token positions through forward, padding included
     forward_passes: list[int] = field(default_factory=list)  # per model
     seconds: float = 0.0
+    notes: dict = field(default_factory=dict)  # facts a method reports per example (LLM-Blender: ranker, chosen member)
 
 
 @dataclass

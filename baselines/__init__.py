@@ -4,4 +4,4 @@ Each module registers its method in `adafuse.methods.METHODS` when imported; thi
 every one of them, and adafuse/methods.py imports this package, so a registered name is always there.
 """
 
-from baselines import deepen, unite  # noqa: E402, F401
+from baselines import deepen, llm_blender, sweetspan, unite  # noqa: F401

@@ -7,8 +7,8 @@ import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from adafuse.config import AdaFuseConfig, SingleConfig
 from adafuse.errors import ConfigError
+from adafuse.methods import METHODS as REGISTERED
 from eval.runner import main, settings_of
 from run import run_id
 from tests.conftest import ROOT
@@ -30,7 +30,7 @@ def test_every_combination_composes_into_typed_settings(pair, method, task):
     extra = ["task.path=prompts.jsonl"] if task == "custom" else []
     settings = settings_of(compose_run(f"model_pair={pair}", f"method={method}", f"task={task}", *extra))
     assert settings.task.name == task and settings.model_pair.name == pair
-    assert isinstance(settings.method, AdaFuseConfig if method == "adafuse" else SingleConfig)
+    assert isinstance(settings.method, REGISTERED[method].config)
     assert len(settings.model_pair.members) >= 2
 
 

@@ -1,0 +1,181 @@
+"""`method=sweetspan`: SweetSpan (Xu, Chen, Wu, Zhang, 2024), span-level ensemble decoding.
+
+Research notes: ../shared/research/baselines.md §3 (no official code exists; the rules below are
+those the notes infer from the paper and from the AdaFuse authors' scripts). Each round:
+
+1. every member proposes a span of `span_words` words continuing the shared text G, greedily, cut
+   at word boundaries by spec §2's word rule (a word is a run of non-whitespace characters with the
+   whitespace before it);
+2. every member scores every distinct span (keyed by text and eos, in pool order: member order) by
+   its mean token NLL in its own tokenisation: its own generated ids for its own span, the seam's
+   alignment of the span's text for the others (one batched forward pass per member), exactly as
+   AdaFuse scores candidates (spec §4), an eos-ended span including the eos token;
+3. optionally (`normalize`), each evaluator's scores are divided by their mean over the pool;
+4. the outlier filter (`outlier_ratio` = λ = 10): when a span's largest score exceeds λ times its
+   smallest, the largest and the smallest are dropped; when that would leave nothing (two
+   evaluators) only the largest is dropped. The span's score is the mean of what remains;
+5. the lowest score wins (ties to the earliest span in pool order) and is appended to G verbatim.
+
+Stopping is AdaFuse's (spec §5): a stop string in G (G is cut before it), a winning span that ends
+at eos, or any member's `max_new_tokens` used up.
+
+Choices where the notes leave one open or where the upstream description is wrong for us:
+
+- No separating space: upstream joins spans with " ".join. Our words carry their own leading
+  whitespace (" Paris", "\\n\\nQuestion:"), so the span text is appended verbatim; a join would
+  double spaces and could never produce a newline.
+- A span ends early at the word that completes a stop string (within G + span): the text after it
+  can never be output, and generating it would only cost passes (upstream's span generation stops
+  at the task's stop strings too). It also ends at eos, or at `span_words` words.
+- The filter compares max > λ·min rather than max/min > λ, so a zero NLL (a token the model is
+  certain of) is handled without a division by zero: any positive score is then an outlier.
+- `normalize` divides each evaluator's NLLs by their mean over this round's pool (a mean of 0 leaves
+  them 0), so models with different perplexity scales weigh alike; off by default, as the notes
+  could not confirm the paper uses it.
+- Members keep their KV caches: a member reads each token it proposes once, the others' spans once
+  (batched), and commits the winner without reading it again, so no prefix is re-read per span
+  (the quadratic cost of the naive algorithm, §3.4).
+"""
+
+from dataclasses import dataclass
+
+from adafuse.decode import _CHAR_SLACK, Proposal, build_pool, choose_winner, complete_words, score_candidates
+from adafuse.errors import ConfigError
+from adafuse.methods import METHODS, Method
+from adafuse.model import Member
+from adafuse.session import Session
+from adafuse.stopping import cut_at_stop
+from adafuse.trace import Generation, Score
+
+
+@dataclass
+class SweetSpanConfig:
+    """Knobs of `method=sweetspan`."""
+
+    span_words: int = 4  # L: words per proposed span (the AdaFuse authors' scripts default to 4)
+    outlier_ratio: float = 10.0  # λ: a span's scores with max > λ·min lose their extremes
+    normalize: bool = False  # divide each evaluator's scores by their mean over the pool first
+    max_word_tokens: int = 16  # a word is cut after this many tokens (spec §2.3)
+
+    def __post_init__(self):
+        if self.span_words < 1:
+            raise ConfigError(f"sweetspan: span_words must be >= 1, got {self.span_words}")
+        if not self.outlier_ratio > 1:  # also rejects NaN
+            raise ConfigError(
+                f"sweetspan: outlier_ratio (λ) must be > 1 (max > λ·min marks outliers; .inf disables the "
+                f"filter), got {self.outlier_ratio}"
+            )
+        if self.max_word_tokens < 1:
+            raise ConfigError(f"sweetspan: max_word_tokens must be >= 1, got {self.max_word_tokens}")
+
+
+# ---- fusing one span's scores ---------------------------------------------------------------------
+
+
+def kept_by_filter(scores: list[float], ratio: float) -> list[int]:
+    """Indices of the evaluators whose scores count for one span (the outlier filter).
+
+    If max > ratio * min, drop the (first) largest and the (first) smallest; if that leaves nothing,
+    drop only the largest. Otherwise keep all.
+    """
+    hi = max(range(len(scores)), key=scores.__getitem__)
+    lo = min(range(len(scores)), key=scores.__getitem__)
+    if not scores[hi] > ratio * scores[lo]:
+        return list(range(len(scores)))
+    kept = [k for k in range(len(scores)) if k not in (hi, lo)]
+    return kept or [lo]
+
+
+def normalized(nll: list[list[float]]) -> list[list[float]]:
+    """nll[c][k] (span c, evaluator k) divided by evaluator k's mean over the spans (0 stays 0)."""
+    means = [sum(column) / len(column) for column in zip(*nll)]
+    return [[s / m if m > 0 else 0.0 for s, m in zip(row, means)] for row in nll]
+
+
+def fused_scores(nll: list[list[float]], cfg: SweetSpanConfig) -> tuple[list[float], list[list[int]]]:
+    """Each span's score (lower is better) and the evaluators the filter kept for it."""
+    scores = normalized(nll) if cfg.normalize else nll
+    kept = [kept_by_filter(row, cfg.outlier_ratio) for row in scores]
+    return [sum(row[k] for k in keep) / len(keep) for row, keep in zip(scores, kept)], kept
+
+
+# ---- decoding -------------------------------------------------------------------------------------
+
+
+@dataclass
+class SpanCandidate:
+    """One distinct span of a round, as `trace=true` records it."""
+
+    text: str
+    eos: bool  # the span ends at end-of-sequence
+    proposers: list[int]  # members that proposed it, in member order
+    words: int
+    scores: list[Score]  # per member: the ids it read (after `base` context ids) and their mean NLL
+    kept: list[int]  # members whose scores the outlier filter kept
+    nll: float  # the span's score: the mean of the kept (normalised) scores; the lowest wins
+
+
+@dataclass
+class SpanRound:
+    round_idx: int
+    candidates: list[SpanCandidate]  # pool order: member order
+    winner: int
+
+
+def positions_needed(cfg: SweetSpanConfig, max_new_tokens: int) -> int:
+    """The budget, overrun by at most one round's span (each word may run on to finish a character)."""
+    return max_new_tokens + cfg.span_words * (cfg.max_word_tokens + _CHAR_SLACK)
+
+
+def generate(
+    members: list[Member], prompt: str, cfg: SweetSpanConfig, *, stop=(), max_new_tokens: int = 64, trace: bool = False
+) -> Generation:
+    """Decode `prompt` with the ensemble `members` (K >= 1), one span per round."""
+    s = Session(
+        members,
+        prompt,
+        reserve=positions_needed(cfg, max_new_tokens),
+        stop=stop,
+        max_new_tokens=max_new_tokens,
+        trace=trace,
+    )
+    while not s.done:
+        round_idx = s.stats.rounds
+        pool = build_pool([[propose_span(m, cfg, s.text, s.stop)] for m in members])
+        for k, m in enumerate(members):
+            score_candidates(m, k, pool, round_idx)
+        fused, kept = fused_scores([[score.nll for score in c.scores] for c in pool], cfg)
+        winner = choose_winner(fused)
+        best = pool[winner]
+        for k, m in enumerate(members):
+            m.commit(*best.homes[k], best.text)
+            m.check_invariant()
+        if s.record:
+            spans = [
+                SpanCandidate(c.text, c.eos, c.proposers, c.words, c.scores, keep, f)
+                for c, keep, f in zip(pool, kept, fused)
+            ]
+            s.record.steps.append(SpanRound(round_idx, spans, winner))
+        s.stats.words_per_round.append(best.words)
+        s.add(best.text, eos=best.eos)
+    return s.finish()
+
+
+def propose_span(m: Member, cfg: SweetSpanConfig, shared: str, stop: tuple[str, ...]) -> Proposal:
+    """Member m's span: up to `span_words` greedy words after the shared text `shared` (spec §2's word rule).
+
+    The span ends early at end-of-sequence, at a word cut at the token cap, or at the word that
+    completes a stop string in `shared` + span (nothing after it could be output).
+    """
+    rows = m.fork(1)
+    logprobs, words = m.logprobs, []
+    while len(words) < cfg.span_words:
+        (word,) = complete_words(m, rows, [int(logprobs.argmax())], logprobs, words, cfg.max_word_tokens)
+        words.append(word)
+        if word.eos or word.cut or cut_at_stop(shared, "".join(w.text for w in words), stop)[1]:
+            break
+        logprobs = word.next_logprobs
+    return Proposal(words, rows, 0)
+
+
+METHODS.register("sweetspan")(Method(SweetSpanConfig, generate, positions_needed))

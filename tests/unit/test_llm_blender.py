@@ -1,0 +1,185 @@
+"""LLM-Blender's PairRM path on a tiny, randomly initialised DeBERTa-v2 (PairRM itself is a hub download).
+
+Both published checkpoint layouts are built here from a config: llm-blender/PairRM's (a ranker config
+that names its backbone) and llm-blender/PairRM-hf's (a DeBERTa-v2 config with the prefix-token ids).
+"""
+
+import json
+import string
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import DebertaV2Config, DebertaV2Tokenizer
+
+from adafuse.errors import ConfigError, ModelFileError
+from baselines.llm_blender import (
+    CANDIDATE,
+    CANDIDATE1,
+    CANDIDATE2,
+    SOURCE,
+    PairRMModel,
+    check_pairrm_path,
+    load_pairrm,
+    scores_from_matrix,
+)
+
+WORDS = ["the", "capital", "of", "France", "is", "Paris", "Lyon", "Berlin", "answer", "What"]
+
+
+def tiny_tokenizer() -> DebertaV2Tokenizer:
+    specials = [("[PAD]", 0.0), ("[CLS]", 0.0), ("[SEP]", 0.0), ("[UNK]", 0.0), ("[MASK]", 0.0)]
+    pieces = [("▁", -2.0)] + [(c, -5.0) for c in string.ascii_letters + string.digits + string.punctuation]
+    pieces += [("▁" + w, -3.0) for w in WORDS]
+    tokenizer = DebertaV2Tokenizer(vocab=specials + pieces, unk_id=3)
+    tokenizer.add_special_tokens({"additional_special_tokens": [SOURCE, CANDIDATE1, CANDIDATE2, CANDIDATE]})
+    return tokenizer
+
+
+def tiny_backbone(vocab_size: int) -> DebertaV2Config:
+    return DebertaV2Config(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=2048,
+        relative_attention=True,
+        position_buckets=32,
+        pos_att_type=["p2c", "c2p"],
+        norm_rel_ebd="layer_norm",
+        share_att_key=True,
+        type_vocab_size=0,
+        position_biased_input=False,
+    )
+
+
+def write_checkpoint(directory, layout: str, seed: int = 0):
+    """A random PairRM in one of the two published layouts; returns its state dict."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = tiny_tokenizer()
+    backbone = tiny_backbone(len(tokenizer))
+    torch.manual_seed(seed)
+    model = PairRMModel(backbone)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, directory / "model.safetensors")
+    tokenizer.save_pretrained(directory)
+    ids = tokenizer.convert_tokens_to_ids([SOURCE, CANDIDATE1, CANDIDATE2, CANDIDATE])
+    if layout == "hf":
+        config = backbone.to_dict() | dict(zip(["source_prefix_id", "cand1_prefix_id", "cand2_prefix_id"], ids[:3]))
+        config["architectures"] = ["DebertaV2PairRM"]
+        (directory / "config.json").write_text(json.dumps(config))
+    else:
+        backbone_dir = directory.parent / f"{directory.name}-backbone"
+        backbone.save_pretrained(backbone_dir)
+        ranker = {"ranker_type": "pairranker", "model_type": "deberta", "model_name": str(backbone_dir)}
+        ranker |= {"source_maxlength": 1224, "candidate_maxlength": 412, "n_tasks": 1}
+        (directory / "config.json").write_text(json.dumps(ranker))
+    return state
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pairrm")
+    write_checkpoint(root / "hf", "hf")
+    write_checkpoint(root / "ranker", "ranker")
+    return root
+
+
+def test_scores_from_matrix_counts_both_orders():
+    c = torch.tensor([[0.0, 2.0, -1.0], [1.0, 0.0, 0.5], [3.0, -2.0, 0.0]])
+    # score_i = mean_{j != i} (C[i, j] - C[j, i])
+    assert scores_from_matrix(c) == pytest.approx(
+        [((2 - 1) + (-1 - 3)) / 2, ((1 - 2) + (0.5 + 2)) / 2, ((3 + 1) + (-2 - 0.5)) / 2]
+    )
+    assert scores_from_matrix(torch.zeros(1, 1)) == [0.0]
+
+
+@pytest.mark.parametrize("layout", ["hf", "ranker"])
+def test_both_layouts_load_and_read_the_prefix_tokens(checkpoints, layout):
+    ranker = load_pairrm(str(checkpoints / layout))
+    tok = ranker.tokenizer
+    ids = ranker.pair_ids("What is the capital of France?", " Paris", " Lyon [SEP] <|source|>")
+    cls, sep = tok.cls_token_id, tok.sep_token_id
+    src, c1, c2 = (tok.convert_tokens_to_ids(t) for t in (SOURCE, CANDIDATE1, CANDIDATE2))
+    assert ranker.marks == (src, c1, c2)
+    # [CLS]<|source|>prompt[SEP][CLS]<|candidate1|>a[SEP][CLS]<|candidate2|>b[SEP], each prefix exactly once
+    assert ids[:2] == [cls, src] and ids[-1] == sep
+    first, second = ids.index(c1), ids.index(c2)
+    assert ids[first - 2 : first] == [sep, cls] and ids[second - 2 : second] == [sep, cls]
+    assert ids.count(src) == ids.count(c1) == ids.count(c2) == 1 and ids.count(sep) == 3
+    assert tok.decode(ids[first + 1 : second - 2]).strip() == "Paris"
+
+
+def test_matrix_holds_every_ordered_pair_read_one_by_one(checkpoints):
+    ranker = load_pairrm(str(checkpoints / "hf"))
+    lin1, lin2 = ranker.model.head_layer[1], ranker.model.head_layer[4]
+
+    def mlp(x):
+        return lin2(torch.tanh(lin1(x)))
+
+    source, answers = "What is the capital of France?", [" Paris", " Lyon", " Berlin is the answer"]
+    matrix = ranker.compare(source, answers)
+    assert matrix.shape == (3, 3) and matrix.diagonal().abs().max() == 0
+    for i in range(3):
+        for j in range(3):
+            if i == j:
+                continue
+            ids = ranker.pair_ids(source, answers[i], answers[j])
+            marks = [ids.index(m) for m in ranker.marks]
+            with torch.inference_mode():
+                alone = ranker.model(
+                    torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), torch.tensor([marks])
+                )
+                # the head, written out: MLP([h_src; h_c1]) - MLP([h_src; h_c2])
+                h = ranker.model.pretrained_model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+                by_hand = mlp(torch.cat([h[marks[0]], h[marks[1]]])) - mlp(torch.cat([h[marks[0]], h[marks[2]]]))
+            assert matrix[i, j].item() == pytest.approx(alone.item(), abs=1e-5)  # padding in the batch changes nothing
+            assert matrix[i, j].item() == pytest.approx(by_hand.item(), abs=1e-5)
+    assert matrix[0, 1] != -matrix[1, 0]  # a random model has a position bias, which both orders cancel
+    scores, again = ranker.scores(source, answers)
+    assert torch.equal(again, matrix) and scores == pytest.approx(scores_from_matrix(matrix))
+
+
+def test_identical_answers_score_equally(checkpoints):
+    ranker = load_pairrm(str(checkpoints / "ranker"))
+    scores, matrix = ranker.scores("Q?", [" Paris", " Lyon", " Paris"])
+    assert matrix[0, 2].item() == pytest.approx(matrix[2, 0].item(), abs=1e-5)
+    assert scores[0] == pytest.approx(scores[2], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({}, "holds no config.json"),
+        ({"config.json": "{not json"}, "not valid JSON"),
+        ({"config.json": json.dumps({"model_type": "llama"})}, "not a PairRM checkpoint"),
+        ({"config.json": json.dumps({"model_type": "deberta-v2"})}, "not a PairRM checkpoint"),
+        ({"config.json": json.dumps({"ranker_type": "summareranker"})}, "not a PairRM"),
+        ({"config.json": json.dumps({"ranker_type": "pairranker"})}, "holds no weights"),
+    ],
+    ids=["empty", "bad-json", "llama", "plain-deberta", "other-ranker", "no-weights"],
+)
+def test_a_directory_without_a_pairrm_checkpoint_is_refused(tmp_path, files, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        check_pairrm_path(str(tmp_path))
+    with pytest.raises(ConfigError, match=message):
+        load_pairrm(str(tmp_path))
+
+
+def test_weights_of_another_model_are_refused(tmp_path, checkpoints):
+    write_checkpoint(tmp_path / "other", "hf")
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 4)}, tmp_path / "other" / "model.safetensors")
+    with pytest.raises(ConfigError, match="not a PairRM checkpoint"):
+        load_pairrm(str(tmp_path / "other"))
+
+
+def test_missing_local_path_and_unreachable_hub_id(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="no such directory"):
+        check_pairrm_path(str(tmp_path / "nowhere"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    check_pairrm_path("llm-blender/PairRM")  # a hub id is checked when it is downloaded
+    with pytest.raises(ModelFileError, match="could not be downloaded"):
+        load_pairrm("no-such-owner/no-such-pairrm")
