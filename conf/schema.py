@@ -1,9 +1,13 @@
-"""Schemas of the Hydra config, registered in the ConfigStore as `base_*`; the values live in YAML.
+"""Schemas of the Hydra config, registered in the ConfigStore's `schema` group; the values live in YAML.
+
+Each option extends its schema with `- /schema/<group>@_here_` in its defaults list. The schemas live
+in a group of their own so that an unknown option (`task=nope`) lists only real options.
 
 Unknown keys fail at compose time; range checks (tau >= 0, M, B >= 1, ...) run when `to_object`
 builds the engine's dataclasses, before any model loads.
 """
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
+from adafuse.errors import ConfigError
 
 
 @dataclass
@@ -45,10 +50,31 @@ class TaskConf:
     max_new_tokens: int = 32
     extract: list[str] = field(default_factory=lambda: ["strip"])
     metrics: dict[str, str] = field(default_factory=dict)  # reported name -> registered metric
-    limit: int | None = None  # score the first N examples of the canonical order
+    limit: int | None = None  # score the first N examples of the canonical order; not in the run id
+    num_shards: int = 1  # this process decodes every num_shards-th example, starting at `shard`,
+    shard: int = 0  # into the same run directory as the other shards
     prompt_file: str | None = None  # the paper's prompt file: its text + paper_query replace our prompt
     paper_query: str | None = None
     path: str | None = None  # task=custom: the JSONL file of prompts
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"task.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.num_shards < 1 or not 0 <= self.shard < self.num_shards:
+            raise ConfigError(
+                f"task.shard must be in [0, task.num_shards) with num_shards >= 1, "
+                f"got shard={self.shard}, num_shards={self.num_shards}"
+            )
+        # `task.stop='["\n"]'` on a command line reaches Hydra as a backslash and an n, which Hydra keeps.
+        self.stop = [unescape(s) for s in self.stop]
+
+
+def unescape(text: str) -> str:
+    r"""Interpret \n, \t and \\ as a Python string does; YAML's double-quoted "\n" arrives already a newline."""
+    return re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m[1]], text)
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 
 
 @dataclass
@@ -80,8 +106,9 @@ class RunConf:
 def register() -> None:
     store = ConfigStore.instance()
     store.store(name="base_config", node=RunConf)
-    store.store(group="model", name="base_model", node=ModelConfig)
-    store.store(group="model_pair", name="base_model_pair", node=ModelPairConf)
-    store.store(group="method", name="base_adafuse", node=AdaFuseMethod)
-    store.store(group="method", name="base_single", node=SingleMethod)
-    store.store(group="task", name="base_task", node=TaskConf)
+    store.store(group="schema", name="model", node=ModelConfig)
+    store.store(group="schema", name="model_pair", node=ModelPairConf)
+    store.store(group="schema", name="task", node=TaskConf)
+    store.store(group="schema/method", name="adafuse", node=AdaFuseMethod)
+    store.store(group="schema/method", name="single", node=SingleMethod)
+
