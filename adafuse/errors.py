@@ -35,3 +35,7 @@ class DataError(AdaFuseError, ValueError):
 
 class ContextLengthError(AdaFuseError, ValueError):
     """A prompt does not fit in a model's context window."""
+
+
+class ShardBusyError(AdaFuseError, RuntimeError):
+    """Another process is already decoding this shard of the run directory."""

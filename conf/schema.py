@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
 from adafuse.errors import ConfigError
@@ -112,3 +112,10 @@ def register() -> None:
     store.store(group="schema/method", name="adafuse", node=AdaFuseMethod)
     store.store(group="schema/method", name="single", node=SingleMethod)
 
+
+def saved_config(path) -> DictConfig:
+    """A run's config.yaml (a plain copy of its composed config) typed again by the schemas, as if
+    composed: its method's schema comes from the store, by name. Needs `register()` first."""
+    saved = OmegaConf.load(path)
+    method = ConfigStore.instance().load(f"schema/method/{saved.method.name}.yaml").node
+    return OmegaConf.merge(OmegaConf.structured(RunConf), {"method": method}, saved)
