@@ -147,7 +147,8 @@ def test_stop_strings_from_the_command_line_take_escapes():
 
 def test_sweep_bookkeeping_stays_out_of_the_results_tree():
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["method.tau=0.5"], return_hydra_config=True)
+        cfg = compose("config", overrides=["hydra/launcher=slurm", "method.tau=0.5"], return_hydra_config=True)
     # Hydra joins sweep.dir and subdir; the subdir is absolute, so a job writes where a single run does.
     assert cfg.hydra.sweep.subdir == f"{os.getcwd()}/results/nq/adafuse/tiny/method.tau=0.5"
     assert cfg.hydra.sweep.dir.startswith("multirun/")  # multirun.yaml
+    assert cfg.hydra.launcher.submitit_folder == f"{cfg.hydra.sweep.dir}/.submitit/%j"
