@@ -35,6 +35,10 @@ class Run:
         return self.path.name
 
     @property
+    def overrides(self) -> list[str]:
+        return [] if self.run_id == "default" else self.run_id.split(",")
+
+    @property
     def ids(self) -> list[str]:
         return self.metrics["ids"]
 
@@ -68,3 +72,12 @@ def find_runs(root: Path) -> list[Run]:
         config = yaml.safe_load((path.parent / "config.yaml").read_text())
         runs.append(Run(path.parent, metrics, config))
     return runs
+
+
+def shared_settings(runs: list[Run]) -> list[str]:
+    """The overrides other than method settings that every run has (e.g. a quick grid's
+    task.max_new_tokens=8): a table or figure states them once instead of in every row's name."""
+    if not runs:
+        return []
+    shared = set.intersection(*(set(r.overrides) for r in runs))
+    return sorted(o for o in shared if not o.startswith("method."))

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from adafuse.config import AdaFuseConfig  # noqa: E402
 from eval.bootstrap import RESAMPLES, standard_error  # noqa: E402
-from eval.collect import Run, find_runs  # noqa: E402
+from eval.collect import Run, find_runs, shared_settings  # noqa: E402
 
 log = logging.getLogger("make_figures")
 
@@ -48,13 +48,14 @@ DEFAULTS = asdict(AdaFuseConfig())
 KNOBS = {"tau": "τΔ", "branches": "B (branches)", "max_words": "M (max words per round)"}
 
 
-def is_default_run(run: Run) -> bool:
-    return run.run_id == "default"
+def own_overrides(run: Run, shared: list[str]) -> list[str]:
+    return [o for o in run.overrides if o not in shared]
 
 
-def varies_only(run: Run, knob: str) -> bool:
-    """An AdaFuse run whose knobs are the defaults except `knob`, and whose run id sets nothing else."""
-    if run.method != "adafuse" or not all(p.startswith("method.") for p in run.run_id.split(",") if p != "default"):
+def varies_only(run: Run, knob: str, shared: list[str]) -> bool:
+    """An AdaFuse run whose knobs are the defaults except `knob`, and whose run id sets nothing else
+    (but what every run shares)."""
+    if run.method != "adafuse" or not all(o.startswith("method.") for o in own_overrides(run, shared)):
         return False
     return all(run.metrics["method"].get(k) == v for k, v in DEFAULTS.items() if k != knob)
 
@@ -67,11 +68,11 @@ def accuracy(run: Run, kind: str, resamples: int) -> dict:
 # ---- one function per figure: (the CSV's rows, a function that draws them) ------------------------
 
 
-def knob_sweep(runs: list[Run], knob: str, kind: str, resamples: int) -> pd.DataFrame:
+def knob_sweep(runs: list[Run], knob: str, kind: str, resamples: int, shared: list[str]) -> pd.DataFrame:
     rows = [
         {"task": r.task, knob: r.metrics["method"][knob], "n": r.metrics["n"]} | accuracy(r, kind, resamples)
         for r in runs
-        if varies_only(r, knob)
+        if varies_only(r, knob, shared)
     ]
     return _swept(pd.DataFrame(rows), knob).sort_values(["task", knob]) if rows else pd.DataFrame()
 
@@ -88,10 +89,10 @@ def _metric_label(frame: pd.DataFrame) -> str:
     return f"{'/'.join(sorted(frame['metric'].unique()))} (± bootstrap SE)"
 
 
-def fixed_words(runs: list[Run], kind: str, resamples: int) -> pd.DataFrame:
+def fixed_words(runs: list[Run], kind: str, resamples: int, shared: list[str]) -> pd.DataFrame:
     rows = []
     for r in runs:
-        if varies_only(r, "fixed_words"):
+        if varies_only(r, "fixed_words", shared):
             k = r.metrics["method"]["fixed_words"]
             commitment = "adaptive" if k is None else f"fixed {k}"
             rows.append({"task": r.task, "commitment": commitment, "n": r.metrics["n"]} | accuracy(r, kind, resamples))
@@ -115,17 +116,17 @@ def draw_bars(frame: pd.DataFrame, group: str, value: str, ax, ylabel: str, err:
     ax.set_ylabel(ylabel)
 
 
-def words_per_round(runs: list[Run]) -> pd.DataFrame:
+def words_per_round(runs: list[Run], shared: list[str]) -> pd.DataFrame:
     rows = [
         {"task": r.task, "words": int(words), "fraction": fraction}
         for r in runs
-        if r.method == "adafuse" and is_default_run(r)
+        if r.method == "adafuse" and not own_overrides(r, shared)
         for words, fraction in r.metrics["throughput"]["words_per_round"].items()
     ]
     return pd.DataFrame(rows)
 
 
-def runtime(runs: list[Run]) -> pd.DataFrame:
+def runtime(runs: list[Run], shared: list[str]) -> pd.DataFrame:
     rows = [
         {
             "task": r.task,
@@ -134,32 +135,33 @@ def runtime(runs: list[Run]) -> pd.DataFrame:
             "n": r.metrics["n"],
         }
         for r in runs
-        if r.run_id == "default" or (r.method == "single" and r.run_id.startswith("method.member="))
+        if all(o.startswith("method.member=") for o in own_overrides(r, shared))  # each method's default run
     ]
     return pd.DataFrame(rows)
 
 
 def figures(runs: list[Run], kind: str, resamples: int) -> dict:
     """{name: (frame, draw(frame, ax), title)} for every figure."""
+    shared = shared_settings(runs)
     out = {}
     for knob in KNOBS:
         out[knob] = (
-            knob_sweep(runs, knob, kind, resamples),
+            knob_sweep(runs, knob, kind, resamples, shared),
             lambda f, ax, knob=knob: draw_knob(f, knob, ax),
             f"Accuracy vs {KNOBS[knob]}",
         )
     out["fixed_words"] = (
-        fixed_words(runs, kind, resamples),
+        fixed_words(runs, kind, resamples, shared),
         lambda f, ax: draw_bars(f, "commitment", "value", ax, _metric_label(f), err="se"),
         "Adaptive vs fixed-length commitment (Figure 2)",
     )
     out["words_per_round"] = (
-        words_per_round(runs),
+        words_per_round(runs, shared),
         lambda f, ax: draw_bars(f, "words", "fraction", ax, "fraction of rounds"),
         "Words committed per round (Figure 3)",
     )
     out["runtime"] = (
-        runtime(runs),
+        runtime(runs, shared),
         lambda f, ax: draw_bars(f, "method", "seconds_per_example", ax, "seconds per example"),
         "Seconds per example (Figure 5)",
     )
@@ -191,7 +193,8 @@ def main() -> int:
         frame.to_csv(out / f"{name}.csv", index=False)
         fig, ax = plt.subplots(figsize=(7, 4.5))
         draw(frame, ax)
-        ax.set_title(f"{title}, {pair} pair")
+        settings = ", ".join(shared_settings(runs))
+        ax.set_title(f"{title}, {pair} pair" + (f"\n(every run: {settings})" if settings else ""))
         fig.tight_layout()
         fig.savefig(out / f"{name}.png", dpi=120)
         plt.close(fig)

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from eval.bootstrap import RESAMPLES, Gain, paired_gain, standard_error  # noqa: E402
-from eval.collect import Run, find_runs  # noqa: E402
+from eval.collect import Run, find_runs, shared_settings  # noqa: E402
 
 log = logging.getLogger("make_table")
 
@@ -72,27 +72,31 @@ class Cell:
         return self.run.metrics["n"], self.run.metrics["variant"]
 
 
-def row_of(run: Run) -> tuple[str, str]:
-    """(kind, name) of the run's row: single rows are named by their model, others by method + run id."""
+def row_of(run: Run, shared: list[str]) -> tuple[str, str]:
+    """(kind, name) of the run's row: single rows are named by their model, others by their method; the
+    run's overrides follow, less those every run shares."""
+    extra = [o for o in run.overrides if o not in shared]
     if run.method == "single":
-        extra = ",".join(p for p in run.run_id.split(",") if not p.startswith("method.member=") and p != "default")
-        return "single", run.metrics["models"][0] + (f" [{extra}]" if extra else "")
+        extra = [o for o in extra if not o.startswith("method.member=")]
+        return "single", run.metrics["models"][0] + (f" [{','.join(extra)}]" if extra else "")
     kind = "adafuse" if run.method == "adafuse" else "baseline"
-    return kind, run.method + ("" if run.run_id == "default" else f" [{run.run_id}]")
+    return kind, run.method + (f" [{','.join(extra)}]" if extra else "")
 
 
 def collect(runs: list[Run], kind: str, resamples: int) -> dict[tuple[str, str], dict[str, Cell]]:
     """{(kind, row name): {task: Cell}}; two runs for one cell are an error, never an average."""
     rows: dict[tuple[str, str], dict[str, Cell]] = {}
+    shared = shared_settings(runs)
     for run in runs:
         name = run.metric_name(kind)
         if run.task not in TASKS or name is None:
             log.info("%s: skipped (task %s, no %s metric)", run.path, run.task, kind)
             continue
-        cells = rows.setdefault(row_of(run), {})
+        row = row_of(run, shared)
+        cells = rows.setdefault(row, {})
         if run.task in cells:
             raise SystemExit(
-                f"two runs for row {row_of(run)[1]!r}, task {run.task}: {cells[run.task].run.path} and {run.path}; "
+                f"two runs for row {row[1]!r}, task {run.task}: {cells[run.task].run.path} and {run.path}; "
                 "point make_table.py at a directory that holds one of them"
             )
         cells[run.task] = Cell(run, name, run.metrics["metrics"][name], standard_error(run, name, resamples))
@@ -216,13 +220,14 @@ def long_form(rows: dict, gain_rows: dict) -> pd.DataFrame:
     return pd.DataFrame(lines)
 
 
-def caption(kind: str, resamples: int) -> str:
+def caption(kind: str, resamples: int, shared: list[str]) -> str:
     scorer = "the paper_* replicas of the authors' lenient scorers" if kind == "paper" else "standard metrics"
-    return (
+    text = (
         f"Table 1 ({scorer}). Cells: metric ± bootstrap standard error over examples ({resamples} resamples). "
         "Gain rows: AdaFuse (default settings) minus the column's best baseline or single model on the examples "
         "both scored, [paired bootstrap 95% interval]; the paper's gain row is the relative one."
     )
+    return text + (f" Every run: {', '.join(shared)}." if shared else "")
 
 
 def main() -> int:
@@ -251,7 +256,7 @@ def main() -> int:
     out = args.out or args.results_dir
     out.mkdir(parents=True, exist_ok=True)
     stem = "table1" if args.metric == "standard" else "table1_paper"
-    text = caption(args.metric, args.resamples)
+    text = caption(args.metric, args.resamples, shared_settings(runs))
     (out / f"{stem}.md").write_text(f"{text}\n\n{table.to_markdown()}\n")
     latex = table.to_latex(caption=text, label="tab:table1", column_format="l" + "r" * len(table.columns), escape=True)
     (out / f"{stem}.tex").write_text(latex.replace("±", r"$\pm$").replace("→", r"$\to$"))

@@ -121,3 +121,12 @@ def test_two_runs_for_one_cell_are_refused(tmp_path):
         [sys.executable, str(ROOT / "scripts" / "make_table.py"), str(tmp_path)], capture_output=True, text=True
     )
     assert done.returncode != 0 and "two runs for row 'adafuse', task nq" in done.stderr
+
+
+def test_settings_that_every_run_shares_are_stated_once(tmp_path):
+    write_run(tmp_path, "nq", "adafuse", pattern(10, 2), "task.max_new_tokens=8")
+    write_run(tmp_path, "nq", "single", pattern(10, 5), "task.max_new_tokens=8")
+    table = make_table(tmp_path)
+    assert ("adafuse", "nq") in table and ("smollm2_135m", "nq") in table
+    assert float(table[("AdaFuse gain vs best single model", "nq")]["value"]) == pytest.approx(30.0)
+    assert "Every run: task.max_new_tokens=8." in (tmp_path / "table1.md").read_text()
