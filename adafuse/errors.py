@@ -43,3 +43,7 @@ class NumericsError(AdaFuseError, ArithmeticError):
 
 class BatchMemoryError(AdaFuseError, MemoryError):
     """A batched forward pass cannot fit in memory; lower batch_size."""
+
+
+class ShardBusyError(AdaFuseError, RuntimeError):
+    """Another process is already decoding this shard of the run directory."""

@@ -1,16 +1,21 @@
-"""Schemas of the Hydra config, registered in the ConfigStore as `base_*`; the values live in YAML.
+"""Schemas of the Hydra config, registered in the ConfigStore's `schema` group; the values live in YAML.
+
+Each option extends its schema with `- /schema/<group>@_here_` in its defaults list. The schemas live
+in a group of their own so that an unknown option (`task=nope`) lists only real options.
 
 Unknown keys fail at compose time; range checks (tau >= 0, M, B >= 1, ...) run when `to_object`
 builds the engine's dataclasses, before any model loads.
 """
 
+import re
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from adafuse.config import ModelConfig
+from adafuse.errors import ConfigError
 from adafuse.methods import METHODS
 
 
@@ -36,10 +41,31 @@ class TaskConf:
     max_new_tokens: int = 32
     extract: list[str] = field(default_factory=lambda: ["strip"])
     metrics: dict[str, str] = field(default_factory=dict)  # reported name -> registered metric
-    limit: int | None = None  # score the first N examples of the canonical order
+    limit: int | None = None  # score the first N examples of the canonical order; not in the run id
+    num_shards: int = 1  # this process decodes every num_shards-th example, starting at `shard`,
+    shard: int = 0  # into the same run directory as the other shards
     prompt_file: str | None = None  # the paper's prompt file: its text + paper_query replace our prompt
     paper_query: str | None = None
     path: str | None = None  # task=custom: the JSONL file of prompts
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"task.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.num_shards < 1 or not 0 <= self.shard < self.num_shards:
+            raise ConfigError(
+                f"task.shard must be in [0, task.num_shards) with num_shards >= 1, "
+                f"got shard={self.shard}, num_shards={self.num_shards}"
+            )
+        # `task.stop='["\n"]'` on a command line reaches Hydra as a backslash and an n, which Hydra keeps.
+        self.stop = [unescape(s) for s in self.stop]
+
+
+def unescape(text: str) -> str:
+    r"""Interpret \n, \t and \\ as a Python string does; YAML's double-quoted "\n" arrives already a newline."""
+    return re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m[1]], text)
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 
 
 @dataclass
@@ -82,8 +108,16 @@ def method_schema(name: str) -> type:
 def register() -> None:
     store = ConfigStore.instance()
     store.store(name="base_config", node=RunConf)
-    store.store(group="model", name="base_model", node=ModelConfig)
-    store.store(group="model_pair", name="base_model_pair", node=ModelPairConf)
+    store.store(group="schema", name="model", node=ModelConfig)
+    store.store(group="schema", name="model_pair", node=ModelPairConf)
+    store.store(group="schema", name="task", node=TaskConf)
     for name in METHODS:
-        store.store(group="method", name=f"base_{name}", node=method_schema(name))
-    store.store(group="task", name="base_task", node=TaskConf)
+        store.store(group="schema/method", name=name, node=method_schema(name))
+
+
+def saved_config(path) -> DictConfig:
+    """A run's config.yaml (a plain copy of its composed config) typed again by the schemas, as if
+    composed: its method's schema comes from the store, by name. Needs `register()` first."""
+    saved = OmegaConf.load(path)
+    method = ConfigStore.instance().load(f"schema/method/{saved.method.name}.yaml").node
+    return OmegaConf.merge(OmegaConf.structured(RunConf), {"method": method}, saved)

@@ -44,6 +44,8 @@ def averaged(per_example: PerExample) -> Corpus:
         scores = [per_example(pred, refs) for pred, refs in zip(predictions, references, strict=True)]
         return 100 * sum(scores) / len(scores)
 
+    # Tools that resample examples (scripts/make_table.py) average the stored per-example scores instead.
+    corpus.averages = per_example
     return corpus
 
 

@@ -2,12 +2,15 @@
 
 Order of work (each step can fail with a named error before the next costs anything):
 compose -> typed settings and range checks -> task names, data files and prompts -> run directory
--> model files and weights -> context lengths -> decoding (resumable) -> metrics.
+and this shard's claim -> model files and weights -> context lengths -> decoding (resumable) ->
+metrics, once every shard's examples have predictions.
 """
 
+import json
 import logging
 import platform
 import time
+from contextlib import nullcontext
 from dataclasses import asdict
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -17,8 +20,11 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from adafuse import Ensemble
+from adafuse.config import ModelConfig
 from adafuse.errors import ConfigError
 from adafuse.methods import METHODS
+from adafuse.model import Member
+from conf.schema import saved_config
 from eval.results import RunDir, git_sha
 from eval.tasks import Task, resolve_data_dir
 from eval.tracking import Tracker
@@ -36,40 +42,103 @@ def settings_of(cfg: DictConfig):
     return settings
 
 
-def main(cfg: DictConfig, run_dir: Path) -> dict:
+def main(cfg: DictConfig, run_dir: Path) -> dict | None:
+    """Decode this process's shard of the task into `run_dir`; return the metrics once every example of
+    the run has a prediction (the last shard to finish writes metrics.json), else None."""
     settings = settings_of(cfg)
     pair, method = list(settings.model_pair.members.values()), settings.method
     used = METHODS[method.name].members_used(method, len(pair))
     models = [pair[i] for i in used]
     settings.data.dir = resolve_data_dir(settings.data.dir)
     task = Task(settings.task, settings.data)
-    prompts = {ex.id: task.prompt(ex) for ex in task.examples}
+    shard, num_shards = settings.task.shard, settings.task.num_shards
+    mine = task.examples[shard::num_shards]
+    prompts = {ex.id: task.prompt(ex) for ex in mine}
 
     config = OmegaConf.to_container(cfg, resolve=True)
     out = RunDir(run_dir, config)
-    todo = [ex for ex in task.examples if ex.id not in out.records]
-    log.info(
-        "%s: %d examples, %d already done, %d to decode",
-        task.name,
-        len(task.examples),
-        len(task.examples) - len(todo),
-        len(todo),
-    )
-
     if settings.threads:
         torch.set_num_threads(settings.threads)
-    tracker = Tracker(settings.wandb, run_dir, config)
-    if todo:
-        ensemble = Ensemble.from_config(pair, settings.cache_dir, load=used)
-        check_context(ensemble, [prompts[ex.id] for ex in todo], task, method)
-        decode_all(ensemble, task, todo, prompts, method, settings, out, tracker)
+    busy = any(ex.id not in out.records for ex in mine)
+    with out.claim(shard, num_shards) if busy else nullcontext():  # claiming re-reads the predictions
+        todo = [ex for ex in mine if ex.id not in out.records]
+        log.info(
+            "%s: %d examples; shard %d of %d holds %d: %d already done, %d to decode",
+            task.name,
+            len(task.examples),
+            shard,
+            num_shards,
+            len(mine),
+            len(mine) - len(todo),
+            len(todo),
+        )
+        tracker = Tracker(settings.wandb, run_dir, config)
+        if todo:
+            done = [out.records[ex.id]["scores"] for ex in mine if ex.id in out.records]
+            tracker.resume([{k: v * task.metrics[k].scale for k, v in scores.items()} for scores in done])
+            ensemble = load_ensemble(pair, used, settings.cache_dir)
+            check_context(ensemble, [prompts[ex.id] for ex in todo], task, method)
+            decode_all(ensemble, task, todo, prompts, method, settings, out, tracker)
+        out.refresh()  # the other shards' predictions
+        metrics = finish(task, out, settings, models)
+        tracker.finish(metrics, [out.records[ex.id] for ex in task.examples] if metrics else [])
+    return metrics
 
+
+def merge(run_dir: Path) -> dict | None:
+    """metrics.json from the predictions that a run's shards wrote (scripts/merge.py); None if some
+    examples have none yet (the log names them)."""
+    cfg = saved_config(Path(run_dir) / "config.yaml")
+    settings = settings_of(cfg)
+    pair = list(settings.model_pair.members.values())
+    models = [pair[i] for i in METHODS[settings.method.name].members_used(settings.method, len(pair))]
+    settings.data.dir = resolve_data_dir(settings.data.dir)
+    task = Task(settings.task, settings.data)
+    out = RunDir(run_dir, OmegaConf.to_container(cfg, resolve=True))
+    return finish(task, out, settings, models)
+
+
+def finish(task: Task, out: RunDir, settings, models) -> dict | None:
+    """Write metrics.json if every example has a prediction; otherwise say which are missing."""
+    missing = [ex.id for ex in task.examples if ex.id not in out.records]
+    if missing:
+        log.info(
+            "%s: %d of %d examples have no prediction yet (%s%s); metrics.json waits for them",
+            out.path,
+            len(missing),
+            len(task.examples),
+            ", ".join(missing[:5]),
+            ", ..." if len(missing) > 5 else "",
+        )
+        return None
     records = [out.records[ex.id] for ex in task.examples]
     metrics = summary(task, records, settings, models)
     out.write_metrics(metrics)
-    tracker.finish(metrics, records)
     log.info("%s", {k: round(v, 2) for k, v in metrics["metrics"].items()})
     return metrics
+
+
+# Members loaded by this process, reused by later runs in it: tests and in-process sweeps call main()
+# many times, and loading weights is the slow part.
+_MEMBERS: dict[str, Member] = {}
+
+
+def load_ensemble(pair: list[ModelConfig], used: list[int], cache_dir: str | None) -> Ensemble:
+    """The pair's ensemble with the `used` members loaded (None elsewhere); a member already loaded is
+    reused, and members of models outside `pair` are dropped, so that a sweep over model pairs holds
+    one pair in memory at a time."""
+    keys = [_member_key(pair, k, cache_dir) for k in range(len(pair))]
+    for key in set(_MEMBERS) - set(keys):
+        del _MEMBERS[key]
+    for k in used:
+        if keys[k] not in _MEMBERS:
+            _MEMBERS[keys[k]] = Ensemble.from_config([pair[k]], cache_dir).members[0]
+    return Ensemble([_MEMBERS[keys[k]] if k in used else None for k in range(len(pair))])
+
+
+def _member_key(models: list[ModelConfig], k: int, cache_dir: str | None) -> str:
+    # A model listed twice needs two members (a member holds its decoding state): count earlier copies.
+    return json.dumps([asdict(models[k]), cache_dir, models[:k].count(models[k])], sort_keys=True)
 
 
 def check_context(ensemble: Ensemble, prompts: list[str], task: Task, method) -> None:
@@ -150,6 +219,7 @@ def summary(task: Task, records: list[dict], settings, models) -> dict:
             "device": str(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else "cpu",
         },
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "ids": [r["id"] for r in records],  # the scored examples: tables pair runs on the same ids
     }
 
 

@@ -31,26 +31,39 @@ class Tracker:
             entity=cfg.entity,
             dir=str(run_dir),
             config=config,
-            name="/".join(run_dir.parts[-4:]),
-            # One W&B run per run directory, so a resumed run continues the same record.
-            id=hashlib.sha1(str(run_dir).encode()).hexdigest()[:16],
+            name="/".join(run_dir.parts[-4:]) + _shard_suffix(config),
+            # One W&B run per run directory and shard, so a resumed run continues the same record
+            # and two shards writing at once never share one.
+            id=hashlib.sha1((str(run_dir) + _shard_suffix(config)).encode()).hexdigest()[:16],
             resume="allow",
             settings=wandb.Settings(console="off"),
         )
+
+    def resume(self, scores: list[dict[str, float]]) -> None:
+        """Count the examples a previous process finished, so the running means cover them too."""
+        for example in scores:
+            self._add(example)
+
+    def _add(self, scores: dict[str, float]) -> None:
+        self._count += 1
+        for name, value in scores.items():
+            self._sums[name] = self._sums.get(name, 0.0) + value
 
     def log_example(self, done: int, scores: dict[str, float], stats) -> None:
         """`scores` on the corpus scale (0-100), so running means read like the final metrics."""
         if self.run is None:
             return
-        self._count += 1
-        for name, value in scores.items():
-            self._sums[name] = self._sums.get(name, 0.0) + value
+        self._add(scores)
         row = {f"running/{k}": v / self._count for k, v in self._sums.items()}
         row.update({"examples": done, "example/seconds": stats.seconds, "example/rounds": stats.rounds})
         self.run.log(row)
 
-    def finish(self, metrics: dict, records: list[dict]) -> None:
+    def finish(self, metrics: dict | None, records: list[dict]) -> None:
+        """Close the run; with `metrics` (the run is complete), record them and the predictions table."""
         if self.run is None:
+            return
+        if metrics is None:
+            self.run.finish()
             return
         import wandb
 
@@ -69,3 +82,8 @@ class Tracker:
             )
         self.run.log({"predictions": table})
         self.run.finish()
+
+
+def _shard_suffix(config: dict) -> str:
+    task = config["task"]
+    return "" if task.get("num_shards", 1) == 1 else f"/shard-{task['shard']}-of-{task['num_shards']}"

@@ -1,4 +1,5 @@
-"""Shared fixtures. The real bundled models load once per session; data comes from ../shared/data."""
+"""Shared fixtures. The real bundled models load once per session (every run in the tests reuses
+them); data comes from ../shared/data."""
 
 import os
 from pathlib import Path
@@ -21,10 +22,14 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny():
-    """The embedded default pair: SmolLM2-135M-Instruct (byte-level BPE) + Gemma-3-270M (SentencePiece)."""
-    from adafuse import Ensemble
+    """The embedded default pair: SmolLM2-135M-Instruct (byte-level BPE) + Gemma-3-270M (SentencePiece).
 
-    return Ensemble.from_config(["smollm2_135m", "gemma3_270m"])
+    Loaded through the runner's cache, so the runs that tests start with eval.runner.main() reuse it."""
+    from adafuse.ensemble import model_config
+    from eval.runner import load_ensemble
+
+    pair = [model_config("smollm2_135m"), model_config("gemma3_270m")]
+    return load_ensemble(pair, None, pair)
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,11 @@
 """Every config group combination composes; bad inputs fail before any model loads, naming the problem."""
 
 import itertools
+import os
 import time
 
 import pytest
+from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
@@ -65,12 +67,20 @@ def test_only_internlm_trusts_remote_code():
 
 @pytest.mark.parametrize(
     "override, valid",
-    [("task=nqq", "flores_de_en"), ("model_pair=llama", "llama_mistral"), ("method=adafus", "adafuse")],
+    [
+        ("task=nqq", "flores_de_en"),
+        ("model_pair=llama", "llama_mistral"),
+        ("method=adafus", "adafuse"),
+        ("model@model_pair.members.m0=smol", "smollm2_135m"),
+    ],
 )
-def test_unknown_group_options_list_the_valid_choices(override, valid):
+def test_unknown_group_options_list_the_valid_choices_and_no_schema(override, valid):
     with pytest.raises(MissingConfigException) as err:
         compose_run(override)
-    assert valid in str(err.value)
+    choices = str(err.value).split("Available options")[1].split("Config search path")[0].split()
+    group = override.split("=")[0].split("@")[0]
+    assert valid in choices
+    assert sorted(choices[2:]) == sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
 
 
 @pytest.mark.parametrize(
@@ -80,6 +90,9 @@ def test_unknown_group_options_list_the_valid_choices(override, valid):
         ("method.branches=0", "branches must be >= 1"),
         ("method.max_words=0", "max_words must be >= 1"),
         ("method.fixed_words=0", "fixed_words must be >= 1"),
+        ("task.max_new_tokens=0", "max_new_tokens must be >= 1"),
+        ("task.shard=2", r"task.shard must be in \[0, task.num_shards\)"),
+        ("task.num_shards=0", "num_shards >= 1"),
     ],
 )
 def test_out_of_range_knobs_are_rejected_before_any_model_loads(override, message, tmp_path):
@@ -108,7 +121,34 @@ def test_paper_variant_needs_the_papers_files(tmp_path):
         main(compose_run("data.variant=papr", "wandb.mode=disabled"), tmp_path)
 
 
+def run_id_of(*overrides: str) -> str:
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+    return run_id(cfg.hydra.job.override_dirname)
+
+
 def test_the_run_id_names_the_settings_that_change_predictions():
-    assert run_id("") == "default"
-    assert run_id("method.tau=0.5,task.limit=5") == "method.tau=0.5,task.limit=5"
+    assert run_id_of() == "default"
+    assert run_id_of("method.tau=0.5", "task.max_new_tokens=8") == "method.tau=0.5,task.max_new_tokens=8"
     assert "/" not in run_id("task.path=/home/me/prompts.jsonl")
+
+
+def test_slice_size_and_shards_are_not_in_the_run_id():
+    # A larger task.limit grows the same run in place; every shard writes into the same directory.
+    assert run_id_of("method.tau=0.5", "task.limit=5", "task.num_shards=4", "task.shard=3") == "method.tau=0.5"
+
+
+def test_stop_strings_from_the_command_line_take_escapes():
+    # What the shell passes for the README's task.stop='["\n"]': a backslash and an n.
+    settings = settings_of(compose_run("task=custom", "task.path=p.jsonl", r'task.stop=["\n","a\tb","c\\n"]'))
+    assert settings.task.stop == ["\n", "a\tb", "c\\n"]
+    assert settings_of(compose_run("task=nq")).task.stop == ["\n"]  # YAML's "\n" is already a newline
+
+
+def test_sweep_bookkeeping_stays_out_of_the_results_tree():
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["hydra/launcher=slurm", "method.tau=0.5"], return_hydra_config=True)
+    # Hydra joins sweep.dir and subdir; the subdir is absolute, so a job writes where a single run does.
+    assert cfg.hydra.sweep.subdir == f"{os.getcwd()}/results/nq/adafuse/tiny/method.tau=0.5"
+    assert cfg.hydra.sweep.dir.startswith("multirun/")  # multirun.yaml
+    assert cfg.hydra.launcher.submitit_folder == f"{cfg.hydra.sweep.dir}/.submitit/%j"

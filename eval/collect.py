@@ -1,0 +1,83 @@
+"""The finished runs below a results directory, as tables and figures read them: each run's
+metrics.json, with the config.yaml and predictions.jsonl beside it (the results layout)."""
+
+import json
+import logging
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import yaml
+
+from adafuse.errors import DataError
+from eval.results import read_predictions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Run:
+    path: Path  # results/<task>/<method>/<model_pair>/<run_id>
+    metrics: dict  # metrics.json
+    config: dict = field(repr=False)  # config.yaml
+
+    @property
+    def task(self) -> str:
+        return self.metrics["task"]
+
+    @property
+    def method(self) -> str:
+        return self.metrics["method"]["name"]
+
+    @property
+    def run_id(self) -> str:
+        """The overrides that can change a prediction, as in the directory name ('default': none)."""
+        return self.path.name
+
+    @property
+    def overrides(self) -> list[str]:
+        return [] if self.run_id == "default" else self.run_id.split(",")
+
+    @property
+    def ids(self) -> list[str]:
+        return self.metrics["ids"]
+
+    @cached_property
+    def records(self) -> list[dict]:
+        """The scored examples' records, in the order of `ids`."""
+        by_id = read_predictions(self.path / "predictions.jsonl")
+        missing = [i for i in self.ids if i not in by_id]
+        if missing:
+            raise DataError(
+                f"{self.path}: metrics.json scores {len(missing)} examples with no prediction ({missing[:3]})"
+            )
+        return [by_id[i] for i in self.ids]
+
+    def metric_name(self, kind: str) -> str | None:
+        """The reported name of the task's primary metric: the first one, or the first paper_* replica."""
+        names = list(self.metrics["metrics"])
+        if kind == "paper":
+            names = [n for n in names if n.startswith("paper_")]
+        return names[0] if names else None
+
+
+def find_runs(root: Path) -> list[Run]:
+    """Every run below `root` that has written its metrics.json, in path order."""
+    runs = []
+    for path in sorted(Path(root).rglob("metrics.json")):
+        metrics = json.loads(path.read_text())
+        if "ids" not in metrics:  # written before metrics.json listed its examples
+            log.info("%s: skipped, its metrics.json does not list the scored examples (rerun to rewrite it)", path)
+            continue
+        config = yaml.safe_load((path.parent / "config.yaml").read_text())
+        runs.append(Run(path.parent, metrics, config))
+    return runs
+
+
+def shared_settings(runs: list[Run]) -> list[str]:
+    """The overrides other than method settings that every run has (e.g. a quick grid's
+    task.max_new_tokens=8): a table or figure states them once instead of in every row's name."""
+    if not runs:
+        return []
+    shared = set.intersection(*(set(r.overrides) for r in runs))
+    return sorted(o for o in shared if not o.startswith("method."))

@@ -1,0 +1,1 @@
+"""Our Hydra launchers; Hydra loads launchers only from the hydra_plugins namespace."""

@@ -1,0 +1,206 @@
+"""The paper's ablation figures from the runs below a results directory: a PNG and the CSV behind it each.
+
+    python scripts/make_figures.py results            # writes results/figures/*.png and *.csv
+
+    tau.png              accuracy vs τΔ, one line per task          (python run.py -m method.tau=0.3,0.5,0.7,0.9)
+    branches.png         accuracy vs B, the paper's Figure 4        (python run.py -m method.branches=1,2,3,4)
+    max_words.png        accuracy vs M                              (python run.py -m method.max_words=1,2,3,4)
+    fixed_words.png      adaptive vs fixed-length commitment, Figure 2  (python run.py -m method.fixed_words=1,2,3)
+    words_per_round.png  words committed per round by task, Figure 3 (AdaFuse's default runs)
+    runtime.png          seconds per example by method, Figure 5    (each method's default run)
+
+A sweep of one knob is the AdaFuse runs whose other knobs are the defaults and whose run id holds
+nothing but method settings; the default run is every sweep's middle point. Accuracy is each task's
+primary metric (--metric paper: its paper_* replica), with bootstrap standard errors. A figure the
+results hold no runs for is skipped, with a line in the log.
+"""
+
+import argparse
+import logging
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a cluster node
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from adafuse.config import AdaFuseConfig  # noqa: E402
+from eval.bootstrap import RESAMPLES, standard_error  # noqa: E402
+from eval.collect import Run, find_runs, shared_settings  # noqa: E402
+
+log = logging.getLogger("make_figures")
+
+TASKS = {
+    "nq": "NQ",
+    "squad": "SQuAD",
+    "triviaqa": "TriviaQA",
+    "gsm8k": "GSM8K",
+    "flores_en_de": "En→De",
+    "flores_de_en": "De→En",
+}
+DEFAULTS = asdict(AdaFuseConfig())
+KNOBS = {"tau": "τΔ", "branches": "B (branches)", "max_words": "M (max words per round)"}
+
+
+def own_overrides(run: Run, shared: list[str]) -> list[str]:
+    return [o for o in run.overrides if o not in shared]
+
+
+def varies_only(run: Run, knob: str, shared: list[str]) -> bool:
+    """An AdaFuse run whose knobs are the defaults except `knob`, and whose run id sets nothing else
+    (but what every run shares)."""
+    if run.method != "adafuse" or not all(o.startswith("method.") for o in own_overrides(run, shared)):
+        return False
+    return all(run.metrics["method"].get(k) == v for k, v in DEFAULTS.items() if k != knob)
+
+
+def accuracy(run: Run, kind: str, resamples: int) -> dict:
+    name = run.metric_name(kind)
+    return {"metric": name, "value": run.metrics["metrics"][name], "se": standard_error(run, name, resamples)}
+
+
+# ---- one function per figure: (the CSV's rows, a function that draws them) ------------------------
+
+
+def knob_sweep(runs: list[Run], knob: str, kind: str, resamples: int, shared: list[str]) -> pd.DataFrame:
+    rows = [
+        {"task": r.task, knob: r.metrics["method"][knob], "n": r.metrics["n"]} | accuracy(r, kind, resamples)
+        for r in runs
+        if varies_only(r, knob, shared)
+    ]
+    return _swept(pd.DataFrame(rows), knob).sort_values(["task", knob]) if rows else pd.DataFrame()
+
+
+def draw_knob(frame: pd.DataFrame, knob: str, ax) -> None:
+    for task, lines in frame.groupby("task", sort=False):
+        ax.errorbar(lines[knob], lines["value"], yerr=lines["se"], marker="o", capsize=3, label=TASKS.get(task, task))
+    ax.set_xlabel(KNOBS[knob])
+    ax.set_ylabel(_metric_label(frame))
+    ax.legend()
+
+
+def _metric_label(frame: pd.DataFrame) -> str:
+    return f"{'/'.join(sorted(frame['metric'].unique()))} (± bootstrap SE)"
+
+
+def fixed_words(runs: list[Run], kind: str, resamples: int, shared: list[str]) -> pd.DataFrame:
+    rows = []
+    for r in runs:
+        if varies_only(r, "fixed_words", shared):
+            k = r.metrics["method"]["fixed_words"]
+            commitment = "adaptive" if k is None else f"fixed {k}"
+            rows.append({"task": r.task, "commitment": commitment, "n": r.metrics["n"]} | accuracy(r, kind, resamples))
+    return _swept(pd.DataFrame(rows), "commitment").sort_values(["task", "commitment"]) if rows else pd.DataFrame()
+
+
+def _swept(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """The tasks with at least two values of `column`: a default run alone is no sweep."""
+    return frame[frame.groupby("task")[column].transform("nunique") >= 2]
+
+
+def draw_bars(frame: pd.DataFrame, group: str, value: str, ax, ylabel: str, err: str | None = None) -> None:
+    """Grouped bars: one group per task, one bar per value of `group`."""
+    table = frame.pivot_table(index="task", columns=group, values=value, sort=False)
+    errors = frame.pivot_table(index="task", columns=group, values=err, sort=False) if err else None
+    table.index = [TASKS.get(t, t) for t in table.index]
+    if errors is not None:
+        errors.index = table.index
+    table.plot.bar(ax=ax, yerr=errors, capsize=2, rot=0)
+    ax.set_xlabel("")
+    ax.set_ylabel(ylabel)
+
+
+def words_per_round(runs: list[Run], shared: list[str]) -> pd.DataFrame:
+    rows = [
+        {"task": r.task, "words": int(words), "fraction": fraction}
+        for r in runs
+        if r.method == "adafuse" and not own_overrides(r, shared)
+        for words, fraction in r.metrics["throughput"]["words_per_round"].items()
+    ]
+    return pd.DataFrame(rows)
+
+
+def runtime(runs: list[Run], shared: list[str]) -> pd.DataFrame:
+    rows = [
+        {
+            "task": r.task,
+            "method": r.metrics["models"][0] if r.method == "single" else r.method,
+            "seconds_per_example": r.metrics["throughput"]["seconds_per_example"],
+            "n": r.metrics["n"],
+        }
+        for r in runs
+        if all(o.startswith("method.member=") for o in own_overrides(r, shared))  # each method's default run
+    ]
+    return pd.DataFrame(rows)
+
+
+def figures(runs: list[Run], kind: str, resamples: int) -> dict:
+    """{name: (frame, draw(frame, ax), title)} for every figure."""
+    shared = shared_settings(runs)
+    out = {}
+    for knob in KNOBS:
+        out[knob] = (
+            knob_sweep(runs, knob, kind, resamples, shared),
+            lambda f, ax, knob=knob: draw_knob(f, knob, ax),
+            f"Accuracy vs {KNOBS[knob]}",
+        )
+    out["fixed_words"] = (
+        fixed_words(runs, kind, resamples, shared),
+        lambda f, ax: draw_bars(f, "commitment", "value", ax, _metric_label(f), err="se"),
+        "Adaptive vs fixed-length commitment (Figure 2)",
+    )
+    out["words_per_round"] = (
+        words_per_round(runs, shared),
+        lambda f, ax: draw_bars(f, "words", "fraction", ax, "fraction of rounds"),
+        "Words committed per round (Figure 3)",
+    )
+    out["runtime"] = (
+        runtime(runs, shared),
+        lambda f, ax: draw_bars(f, "method", "seconds_per_example", ax, "seconds per example"),
+        "Seconds per example (Figure 5)",
+    )
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results_dir", type=Path)
+    parser.add_argument("--metric", choices=["standard", "paper"], default="standard")
+    parser.add_argument("--pair", help="the model pair to plot, where the results hold several")
+    parser.add_argument("--resamples", type=int, default=RESAMPLES)
+    parser.add_argument("--out", type=Path, help="folder for the figures (default: RESULTS_DIR/figures)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    runs = find_runs(args.results_dir)
+    pairs = sorted({r.metrics["model_pair"] for r in runs})
+    if args.pair is None and len(pairs) > 1:
+        raise SystemExit(f"the results hold several model pairs ({', '.join(pairs)}): choose one with --pair")
+    runs = [r for r in runs if r.task in TASKS and args.pair in (None, r.metrics["model_pair"])]
+    pair = args.pair or (pairs[0] if pairs else "")
+    out = args.out or args.results_dir / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (frame, draw, title) in figures(runs, args.metric, args.resamples).items():
+        if frame.empty:
+            log.info("%s: skipped, the results hold no runs for it", name)
+            continue
+        frame.to_csv(out / f"{name}.csv", index=False)
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        draw(frame, ax)
+        settings = ", ".join(shared_settings(runs))
+        ax.set_title(f"{title}, {pair} pair" + (f"\n(every run: {settings})" if settings else ""))
+        fig.tight_layout()
+        fig.savefig(out / f"{name}.png", dpi=120)
+        plt.close(fig)
+        log.info("%s: wrote %s.png and %s.csv in %s", name, name, name, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""Table 1 from the runs below a results directory, as Markdown, LaTeX and CSV.
+
+    python scripts/make_table.py results                    # standard metrics: EM, accuracy, BLEU
+    python scripts/make_table.py results --metric paper     # the paper_* replicas of the authors' scorers
+    python scripts/make_table.py results --paper            # plus the paper's published numbers
+
+One row per single model, baseline and AdaFuse configuration (a run id other than `default` is part
+of the row's name), one column per task, and the average over tasks. Every cell is the metric ±
+its bootstrap standard error over examples. The gain rows compare AdaFuse (run id `default`) with
+the best baseline and the best single model of each column, on the examples both scored, with a
+paired bootstrap 95% interval. Column headers give the slice size n and the data variant when all
+of a column's cells share them; otherwise every cell gives its own.
+
+Writes table1.md, table1.tex and table1.csv (table1_paper.* with --metric paper) into --out
+(default: RESULTS_DIR). The CSV is long-form: one line per cell or gain, numbers unrounded.
+"""
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from eval.bootstrap import RESAMPLES, Gain, paired_gain, standard_error  # noqa: E402
+from eval.collect import Run, find_runs, shared_settings  # noqa: E402
+
+log = logging.getLogger("make_table")
+
+TASKS = {  # column order and names as in the paper
+    "nq": "NQ",
+    "squad": "SQuAD",
+    "triviaqa": "TriviaQA",
+    "gsm8k": "GSM8K",
+    "flores_en_de": "En→De",
+    "flores_de_en": "De→En",
+}
+BASELINES = ["llm_blender", "deepen", "sweetspan", "unite"]  # the paper's row order; others follow
+AVERAGE = "Avg"
+
+# The paper's Table 1 (arXiv 2601.06022, figures/Results.png; ../shared/research/adafuse.md §8):
+# 7-8B models on GPUs, the authors' lenient scorers (EM, accuracy, spBLEU), full test sets.
+PAPER = {
+    "Mistral-7B-Instruct-v0.3": [32.05, 83.49, 77.27, 61.71, 29.99, 40.64, 54.19],
+    "LLaMA-3.1-8B-Instruct": [34.24, 80.13, 78.97, 81.05, 31.33, 41.78, 57.92],
+    "Qwen3-8B": [23.85, 76.72, 64.72, 89.99, 17.45, 36.95, 51.61],
+    "InternLM3-8B-Instruct": [27.15, 81.77, 65.38, 76.72, 28.17, 37.37, 52.76],
+    "LLM-Blender": [36.56, 82.13, 75.58, 62.55, 34.45, 41.56, 54.97],
+    "DeePEn": [37.42, 71.51, 73.85, 67.63, 37.56, 42.33, 55.05],
+    "SweetSpan": [37.59, 86.58, 80.75, 63.38, 33.74, 42.85, 59.16],
+    "UniTE": [38.95, 82.17, 81.38, 64.59, 34.98, 41.67, 57.29],
+    "AdaFuse (Top-2 base, oracle)": [42.85, 90.38, 82.17, 90.25, 39.83, 45.25, 65.12],
+    "AdaFuse (LLaMA+Mistral)": [42.85, 90.15, 82.17, 79.15, 39.83, 45.25, 63.23],
+    "rel. gain vs best baseline (%)": [10.01, 4.12, 0.97, 17.03, 6.04, 5.60, 6.88],
+}
+
+
+@dataclass
+class Cell:
+    run: Run
+    metric: str  # the reported name, e.g. em or paper_em
+    value: float
+    se: float
+
+    @property
+    def slice(self) -> tuple[int, str]:
+        return self.run.metrics["n"], self.run.metrics["variant"]
+
+
+def row_of(run: Run, shared: list[str]) -> tuple[str, str]:
+    """(kind, name) of the run's row: single rows are named by their model, others by their method; the
+    run's overrides follow, less those every run shares."""
+    extra = [o for o in run.overrides if o not in shared]
+    if run.method == "single":
+        extra = [o for o in extra if not o.startswith("method.member=")]
+        return "single", run.metrics["models"][0] + (f" [{','.join(extra)}]" if extra else "")
+    kind = "adafuse" if run.method == "adafuse" else "baseline"
+    return kind, run.method + (f" [{','.join(extra)}]" if extra else "")
+
+
+def collect(runs: list[Run], kind: str, resamples: int) -> dict[tuple[str, str], dict[str, Cell]]:
+    """{(kind, row name): {task: Cell}}; two runs for one cell are an error, never an average."""
+    rows: dict[tuple[str, str], dict[str, Cell]] = {}
+    shared = shared_settings(runs)
+    for run in runs:
+        name = run.metric_name(kind)
+        if run.task not in TASKS or name is None:
+            log.info("%s: skipped (task %s, no %s metric)", run.path, run.task, kind)
+            continue
+        row = row_of(run, shared)
+        cells = rows.setdefault(row, {})
+        if run.task in cells:
+            raise SystemExit(
+                f"two runs for row {row[1]!r}, task {run.task}: {cells[run.task].run.path} and {run.path}; "
+                "point make_table.py at a directory that holds one of them"
+            )
+        cells[run.task] = Cell(run, name, run.metrics["metrics"][name], standard_error(run, name, resamples))
+    return rows
+
+
+def ordered(rows: dict) -> list[tuple[str, str]]:
+    def key(row):
+        kind, name = row
+        rank = BASELINES.index(name) if name in BASELINES else len(BASELINES)
+        return ({"single": 0, "baseline": 1, "adafuse": 2}[kind], name != "adafuse", rank, name)
+
+    return sorted(rows, key=key)
+
+
+def best(rows: dict, kind: str, task: str) -> Cell | None:
+    cells = [cells[task] for (k, _), cells in rows.items() if k == kind and task in cells]
+    return max(cells, key=lambda c: c.value, default=None)
+
+
+def best_average(rows: dict, kind: str, tasks: list[str]) -> dict[str, Cell] | None:
+    complete = [cells for (k, _), cells in rows.items() if k == kind and all(t in cells for t in tasks)]
+    return max(complete, key=lambda cells: np.mean([cells[t].value for t in tasks]), default=None)
+
+
+def gains(rows: dict, tasks: list[str], resamples: int) -> dict[str, dict[str, Gain | None]]:
+    """{"vs best baseline": {task or Avg: Gain}, "vs best single model": ...} for AdaFuse's default run."""
+    ours = rows.get(("adafuse", "adafuse"), {})
+    out = {}
+    for kind, label in (("baseline", "vs best baseline"), ("single", "vs best single model")):
+        row: dict[str, Gain | None] = {}
+        for task in tasks:
+            other = best(rows, kind, task)
+            if task in ours and other is not None:
+                row[task] = paired_gain([(ours[task].run, other.run, ours[task].metric)], resamples)
+        others = best_average(rows, kind, tasks)
+        if others is not None and all(t in ours for t in tasks):
+            row[AVERAGE] = paired_gain([(ours[t].run, others[t].run, ours[t].metric) for t in tasks], resamples)
+        out[label] = row
+    return out
+
+
+# ---- rendering ------------------------------------------------------------------------------------
+
+
+def uniform_slices(rows: dict, tasks: list[str]) -> dict[str, tuple[int, str] | None]:
+    """Per task, the (n, variant) every cell of its column shares, or None where they differ."""
+    out = {}
+    for task in tasks:
+        slices = {cells[task].slice for cells in rows.values() if task in cells}
+        out[task] = slices.pop() if len(slices) == 1 else None
+    return out
+
+
+def cell_text(cell: Cell, shared: tuple[int, str] | None) -> str:
+    text = f"{cell.value:.1f} ± {cell.se:.1f}"
+    if shared is None:
+        n, variant = cell.slice
+        text += f" (n={n}, {variant})"
+    return text
+
+
+def average_text(cells: dict[str, Cell], tasks: list[str]) -> str:
+    if not all(t in cells for t in tasks):
+        return ""
+    value = np.mean([cells[t].value for t in tasks])
+    se = np.sqrt(sum(cells[t].se ** 2 for t in tasks)) / len(tasks)  # tasks are independent samples
+    return f"{value:.1f} ± {se:.1f}"
+
+
+def gain_text(gain: Gain | None, relative: bool) -> str:
+    if gain is None:
+        return ""
+    if relative:
+        if gain.relative is None:
+            return "n/a (best is 0)"
+        return f"{gain.relative:+.1f}% [{gain.relative_ci[0]:+.1f}, {gain.relative_ci[1]:+.1f}]"
+    return f"{gain.points:+.1f} [{gain.points_ci[0]:+.1f}, {gain.points_ci[1]:+.1f}]"
+
+
+def frame(rows: dict, tasks: list[str], gain_rows: dict, with_paper: bool) -> pd.DataFrame:
+    """The table as strings: one line per row, one column per task + Avg."""
+    shared = uniform_slices(rows, tasks)
+    header = {t: TASKS[t] + (f" (n={shared[t][0]}, {shared[t][1]})" if shared[t] else "") for t in tasks}
+    lines = {}
+    for row in ordered(rows):
+        cells = rows[row]
+        lines[row[1]] = {header[t]: cell_text(cells[t], shared[t]) if t in cells else "" for t in tasks}
+        lines[row[1]][AVERAGE] = average_text(cells, tasks)
+    for label, row in gain_rows.items():
+        for relative in (True, False):
+            name = f"AdaFuse gain {label} ({'%' if relative else 'points'})"
+            lines[name] = {header.get(t, t): gain_text(row.get(t), relative) for t in [*tasks, AVERAGE]}
+    if with_paper:
+        for name, values in PAPER.items():
+            by_task = dict(zip([*TASKS, AVERAGE], values))
+            lines[f"paper: {name}"] = {header.get(t, t): f"{by_task[t]:.2f}" for t in [*tasks, AVERAGE]}
+    return pd.DataFrame.from_dict(lines, orient="index").fillna("")
+
+
+def long_form(rows: dict, gain_rows: dict) -> pd.DataFrame:
+    """The numbers behind the table, unrounded: one line per cell and per gain."""
+    lines = []
+    for (kind, name), cells in rows.items():
+        for task, c in cells.items():
+            n, variant = c.slice
+            lines.append(
+                {"row": name, "kind": kind, "task": task, "metric": c.metric, "value": c.value, "se": c.se}
+                | {"n": n, "variant": variant, "run_dir": str(c.run.path)}
+            )
+    for label, row in gain_rows.items():
+        for task, g in row.items():
+            if g is None:
+                continue
+            relative_ci = g.relative_ci or (None, None)
+            lines.append(
+                {"row": f"AdaFuse gain {label}", "kind": "gain", "task": task, "value": g.points, "n": g.n}
+                | {"ci_low": g.points_ci[0], "ci_high": g.points_ci[1], "relative": g.relative}
+                | {"relative_ci_low": relative_ci[0], "relative_ci_high": relative_ci[1]}
+            )
+    return pd.DataFrame(lines)
+
+
+def caption(kind: str, resamples: int, shared: list[str]) -> str:
+    scorer = "the paper_* replicas of the authors' lenient scorers" if kind == "paper" else "standard metrics"
+    text = (
+        f"Table 1 ({scorer}). Cells: metric ± bootstrap standard error over examples ({resamples} resamples). "
+        "Gain rows: AdaFuse (default settings) minus the column's best baseline or single model on the examples "
+        "both scored, [paired bootstrap 95% interval]; the paper's gain row is the relative one."
+    )
+    return text + (f" Every run: {', '.join(shared)}." if shared else "")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results_dir", type=Path)
+    parser.add_argument("--metric", choices=["standard", "paper"], default="standard")
+    parser.add_argument("--paper", action="store_true", help="add the paper's published numbers, in marked rows")
+    parser.add_argument("--pair", help="the model pair to tabulate, where the results hold several")
+    parser.add_argument("--resamples", type=int, default=RESAMPLES)
+    parser.add_argument("--out", type=Path, help="folder for table1.{md,tex,csv} (default: RESULTS_DIR)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    runs = find_runs(args.results_dir)
+    pairs = sorted({r.metrics["model_pair"] for r in runs})
+    if not runs:
+        raise SystemExit(f"no metrics.json below {args.results_dir}")
+    if args.pair is None and len(pairs) > 1:
+        raise SystemExit(f"the results hold several model pairs ({', '.join(pairs)}): choose one with --pair")
+    runs = [r for r in runs if args.pair in (None, r.metrics["model_pair"])]
+    rows = collect(runs, args.metric, args.resamples)
+    tasks = [t for t in TASKS if any(t in cells for cells in rows.values())]
+
+    gain_rows = gains(rows, tasks, args.resamples)
+    table = frame(rows, tasks, gain_rows, args.paper)
+    out = args.out or args.results_dir
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "table1" if args.metric == "standard" else "table1_paper"
+    text = caption(args.metric, args.resamples, shared_settings(runs))
+    (out / f"{stem}.md").write_text(f"{text}\n\n{table.to_markdown()}\n")
+    latex = table.to_latex(caption=text, label="tab:table1", column_format="l" + "r" * len(table.columns), escape=True)
+    (out / f"{stem}.tex").write_text(latex.replace("±", r"$\pm$").replace("→", r"$\to$"))
+    long_form(rows, gain_rows).to_csv(out / f"{stem}.csv", index=False)
+    print(table.to_markdown())
+    log.info("wrote %s.{md,tex,csv} in %s", stem, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

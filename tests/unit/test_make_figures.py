@@ -1,0 +1,45 @@
+"""scripts/make_figures.py on a small results directory in the runner's format: each figure's CSV
+holds the runs it should, and a figure without runs is skipped, not drawn empty."""
+
+import subprocess
+import sys
+
+import pandas as pd
+
+from tests.conftest import ROOT
+from tests.unit.test_make_table import pattern, write_run
+
+
+def make_figures(results, *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_figures.py"), str(results), *args], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_sweeps_become_figures_and_absent_ones_are_skipped(tmp_path):
+    write_run(tmp_path, "nq", "adafuse", pattern(10, 2))  # the default run: tau 0.7, B 3, adaptive
+    write_run(tmp_path, "nq", "adafuse", pattern(10, 5), "method.tau=0.3")
+    write_run(tmp_path, "nq", "adafuse", pattern(10, 1), "method.tau=0.9")
+    write_run(tmp_path, "nq", "adafuse", pattern(10, 3), "method.tau=0.3", "task.max_new_tokens=8")  # not a tau sweep
+    write_run(tmp_path, "nq", "adafuse", pattern(10, 3), "method.fixed_words=2")
+    write_run(tmp_path, "gsm8k", "adafuse", pattern(10, 2))
+    write_run(tmp_path, "nq", "single", pattern(10, 4))
+    done = make_figures(tmp_path)
+    figures = tmp_path / "figures"
+
+    tau = pd.read_csv(figures / "tau.csv")
+    nq = tau[tau["task"] == "nq"]
+    assert list(nq["tau"]) == [0.3, 0.7, 0.9] and list(nq["value"]) == [20.0, 50.0, 100.0]
+    assert (nq["se"] > 0).sum() == 2  # 100% right has no spread
+    fixed = pd.read_csv(figures / "fixed_words.csv")
+    assert sorted(fixed["commitment"]) == ["adaptive", "fixed 2"]
+    words = pd.read_csv(figures / "words_per_round.csv")  # every test run commits 1 word, then 2
+    assert set(words["task"]) == {"nq", "gsm8k"} and list(words["fraction"]) == [0.5, 0.5, 0.5, 0.5]
+    runtime = pd.read_csv(figures / "runtime.csv")
+    assert sorted(runtime["method"]) == ["adafuse", "adafuse", "smollm2_135m"]
+    for name in ("tau", "fixed_words", "words_per_round", "runtime"):
+        assert (figures / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    for name in ("branches", "max_words"):
+        assert not (figures / f"{name}.png").exists() and f"{name}: skipped" in done.stderr

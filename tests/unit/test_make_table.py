@@ -1,0 +1,132 @@
+"""scripts/make_table.py on small results directories written here in the runner's own format
+(predictions scored by the task, metrics.json from eval.runner.summary): the numbers, not the looks."""
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from adafuse.trace import Stats
+from eval.results import RunDir
+from eval.runner import decoding_models, settings_of, summary
+from eval.tasks import Task
+from tests.conftest import ROOT, SHARED_DATA
+from tests.harness import compose_run
+
+
+def write_run(root: Path, task: str, method: str, correct: list[bool], *overrides: str) -> Path:
+    """A finished run of `task` whose example k is answered right iff correct[k], as the runner writes it."""
+    cfg = compose_run(
+        f"task={task}", f"method={method}", f"task.limit={len(correct)}", f"data.dir={SHARED_DATA}", *overrides
+    )
+    settings = settings_of(cfg)
+    task_ = Task(settings.task, settings.data)
+    run_id = ",".join(overrides) or "default"
+    out = RunDir(root / task / method / "tiny" / run_id, OmegaConf.to_container(cfg, resolve=True))
+    for example, right in zip(task_.examples, correct, strict=True):
+        prediction = example.references[0] if right else "no idea"
+        answer, scores = task_.score(example, prediction)
+        stats = Stats("stop", 2, [1, 2], [3, 3], [4, 4], [2, 2], 0.5)
+        out.append(
+            {"id": example.id, "prompt": "", "prediction": prediction, "answer": answer}
+            | {"references": example.references, "scores": scores, "stats": asdict(stats)}
+        )
+    records = [out.records[ex.id] for ex in task_.examples]
+    out.write_metrics(summary(task_, records, settings, decoding_models(settings)[0]))
+    return out.path
+
+
+def make_table(results: Path, *args: str) -> dict[tuple[str, str], dict]:
+    """Run the script; its CSV as {(row, task): line}."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_table.py"), str(results), *args], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    stem = "table1_paper" if "paper" in args else "table1"
+    with open(results / f"{stem}.csv") as f:
+        return {(line["row"], line["task"]): line for line in csv.DictReader(f)}
+
+
+def pattern(n: int, every: int) -> list[bool]:
+    return [k % every == 0 for k in range(n)]
+
+
+def test_a_cells_standard_error_is_the_standard_error_of_a_proportion(tmp_path):
+    correct = [k % 10 < 3 for k in range(400)]  # 30% right
+    write_run(tmp_path, "nq", "adafuse", correct)
+    cell = make_table(tmp_path)[("adafuse", "nq")]
+    assert float(cell["value"]) == pytest.approx(30.0)
+    assert float(cell["se"]) == pytest.approx(100 * math.sqrt(0.3 * 0.7 / 400), rel=0.1)
+    assert (cell["n"], cell["variant"]) == ("400", "canonical")
+
+
+def test_the_paired_interval_excludes_zero_when_adafuse_wins_on_the_same_examples(tmp_path):
+    baseline = [k % 5 < 2 for k in range(100)]  # 40 right
+    ours = [b or k in (2, 7, 12, 17, 22, 27) for k, b in enumerate(baseline)]  # the same 40, and 6 more
+    write_run(tmp_path, "nq", "adafuse", ours)
+    write_run(tmp_path, "nq", "single", baseline)
+    write_run(tmp_path, "nq", "single", pattern(100, 4), "method.member=1")  # 25 right
+    table = make_table(tmp_path)
+    gain = table[("AdaFuse gain vs best single model", "nq")]
+    assert float(gain["value"]) == pytest.approx(6.0) and gain["n"] == "100"
+    # Unpaired, two 100-example proportions 6 points apart overlap; paired, the 6 wins stand out.
+    assert 0 < float(gain["ci_low"]) < 6 < float(gain["ci_high"])
+    assert float(gain["relative"]) == pytest.approx(15.0)  # 6 / 40, as the paper's gain row
+    assert table[("smollm2_135m", "nq")]["value"] == "40.0" and table[("gemma3_270m", "nq")]["value"] == "25.0"
+
+
+def test_a_corpus_metric_is_resampled_whole_and_keeps_its_value(tmp_path):
+    run = write_run(tmp_path, "flores_de_en", "adafuse", pattern(40, 2))  # half the references, half "no idea"
+    cell = make_table(tmp_path, "--resamples", "200")[("adafuse", "flores_de_en")]
+    assert cell["metric"] == "bleu"
+    assert float(cell["value"]) == json.loads((run / "metrics.json").read_text())["metrics"]["bleu"]
+    assert 2 < float(cell["se"]) < 20
+
+
+def test_rows_columns_average_and_slices_are_stated(tmp_path):
+    write_run(tmp_path, "nq", "adafuse", pattern(20, 2))
+    write_run(tmp_path, "nq", "adafuse", pattern(20, 4), "method.tau=0.5")
+    write_run(tmp_path, "gsm8k", "adafuse", pattern(10, 2))
+    write_run(tmp_path, "gsm8k", "adafuse", pattern(12, 3), "method.tau=0.5")  # another slice size
+    cells = make_table(tmp_path)
+    table = (tmp_path / "table1.md").read_text()
+    assert "NQ (n=20, canonical)" in table  # one slice for the whole column: said once
+    assert "(n=12, canonical)" in table and "(n=10, canonical)" in table  # two slices: said in each cell
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()[4:]}
+    assert rows["adafuse [method.tau=0.5]"][1].startswith("33.3 ± ")
+    se = math.hypot(float(cells[("adafuse", "nq")]["se"]), float(cells[("adafuse", "gsm8k")]["se"])) / 2
+    assert rows["adafuse"][2] == f"50.0 ± {se:.1f}"  # the average of independent tasks
+    latex = (tmp_path / "table1.tex").read_text()
+    assert r"50.0 $\pm$" in latex and "±" not in latex
+
+
+def test_paper_metrics_and_the_papers_own_rows(tmp_path):
+    write_run(tmp_path, "nq", "adafuse", pattern(10, 2))
+    table = make_table(tmp_path, "--metric", "paper", "--paper")
+    assert table[("adafuse", "nq")]["metric"] == "paper_em"
+    markdown = (tmp_path / "table1_paper.md").read_text()
+    assert "| paper: UniTE " in markdown and "38.95" in markdown and "paper_* replicas" in markdown
+
+
+def test_two_runs_for_one_cell_are_refused(tmp_path):
+    write_run(tmp_path / "a", "nq", "adafuse", pattern(10, 2))
+    write_run(tmp_path / "b", "nq", "adafuse", pattern(20, 2))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_table.py"), str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "two runs for row 'adafuse', task nq" in done.stderr
+
+
+def test_settings_that_every_run_shares_are_stated_once(tmp_path):
+    write_run(tmp_path, "nq", "adafuse", pattern(10, 2), "task.max_new_tokens=8")
+    write_run(tmp_path, "nq", "single", pattern(10, 5), "task.max_new_tokens=8")
+    table = make_table(tmp_path)
+    assert ("adafuse", "nq") in table and ("smollm2_135m", "nq") in table
+    assert float(table[("AdaFuse gain vs best single model", "nq")]["value"]) == pytest.approx(30.0)
+    assert "Every run: task.max_new_tokens=8." in (tmp_path / "table1.md").read_text()

@@ -1,0 +1,82 @@
+"""A run directory shared by several processes: appends never interleave or repeat an example, a torn
+line is dropped, and a shard has one writer at a time."""
+
+import json
+import multiprocessing
+import os
+
+import pytest
+
+from adafuse.errors import ConfigError, ShardBusyError
+from eval.results import RunDir, read_predictions
+
+CONFIG = {"task": {"name": "nq", "limit": 4, "shard": 0, "num_shards": 1}, "method": {"name": "adafuse", "tau": 0.7}}
+
+
+def record(example_id: str, writer: int) -> dict:
+    # Long enough (about 70 kB) that one line takes several write() calls.
+    return {"id": example_id, "writer": writer, "prediction": f"{writer}" * 70_000}
+
+
+def write_examples(path, writer: int, ids: list[str], start=None) -> None:
+    out = RunDir(path, CONFIG)
+    if start is not None:
+        start.wait()
+    for example_id in ids:
+        out.append(record(example_id, writer))
+
+
+def test_concurrent_writers_never_interleave_lines_or_write_an_example_twice(tmp_path):
+    ids = [f"nq-{i}" for i in range(60)]
+    fork = multiprocessing.get_context("fork")
+    start = fork.Barrier(4)
+    # Four processes, each writing every example: as if every shard had been given the whole task.
+    writers = [fork.Process(target=write_examples, args=(tmp_path, w, ids, start)) for w in range(4)]
+    for p in writers:
+        p.start()
+    for p in writers:
+        p.join()
+        assert p.exitcode == 0
+    lines = (tmp_path / "predictions.jsonl").read_bytes().split(b"\n")
+    assert lines[-1] == b""
+    records = [json.loads(line) for line in lines[:-1]]  # every line parses: none interleaved
+    assert sorted(r["id"] for r in records) == sorted(ids)
+    assert all(r["prediction"] == f"{r['writer']}" * 70_000 for r in records)
+
+
+def test_a_torn_last_line_is_ignored_then_cut_by_the_next_append(tmp_path):
+    write_examples(tmp_path, 0, ["nq-0"])
+    with open(tmp_path / "predictions.jsonl", "ab") as f:
+        f.write(b'{"id": "nq-1", "predic')  # a writer killed mid-line
+    out = RunDir(tmp_path, CONFIG)
+    assert set(out.records) == {"nq-0"} and set(read_predictions(tmp_path / "predictions.jsonl")) == {"nq-0"}
+    out.append(record("nq-1", 1))
+    lines = (tmp_path / "predictions.jsonl").read_text().splitlines()
+    assert [json.loads(line)["id"] for line in lines] == ["nq-0", "nq-1"]
+
+
+def test_a_second_writer_of_a_shard_is_refused_and_names_the_first(tmp_path):
+    first, second = RunDir(tmp_path, CONFIG), RunDir(tmp_path, CONFIG)
+    with first.claim(1, 4):
+        with pytest.raises(ShardBusyError, match=f"shard 1 of 4 is being decoded by pid {os.getpid()}"):
+            with second.claim(1, 4):
+                pass
+        with second.claim(2, 4):  # another shard may write at the same time
+            pass
+    with second.claim(1, 4):  # free again once the first writer is done
+        pass
+
+
+def test_records_written_by_another_writer_are_seen_after_refresh(tmp_path):
+    mine = RunDir(tmp_path, CONFIG)
+    write_examples(tmp_path, 1, ["nq-2", "nq-3"])
+    assert mine.records == {}
+    mine.refresh()
+    assert set(mine.records) == {"nq-2", "nq-3"}
+
+
+def test_shard_and_limit_may_change_between_writers_other_settings_may_not(tmp_path):
+    write_examples(tmp_path, 0, ["nq-0"])
+    RunDir(tmp_path, {**CONFIG, "task": {"name": "nq", "limit": 8, "shard": 3, "num_shards": 4}})
+    with pytest.raises(ConfigError, match="method.tau"):
+        RunDir(tmp_path, {**CONFIG, "method": {"name": "adafuse", "tau": 0.5}})
