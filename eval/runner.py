@@ -48,7 +48,7 @@ def main(cfg: DictConfig, run_dir: Path) -> dict | None:
     settings = settings_of(cfg)
     pair, method = list(settings.model_pair.members.values()), settings.method
     used = METHODS[method.name].members_used(method, len(pair))
-    models = [pair[i] for i in used]
+    models = decoding_models(settings)
     settings.data.dir = resolve_data_dir(settings.data.dir)
     task = Task(settings.task, settings.data)
     shard, num_shards = settings.task.shard, settings.task.num_shards
@@ -85,13 +85,18 @@ def main(cfg: DictConfig, run_dir: Path) -> dict | None:
     return metrics
 
 
+def decoding_models(settings) -> list[ModelConfig]:
+    """The models the method decodes with (`single`: one of the pair)."""
+    pair = list(settings.model_pair.members.values())
+    return [pair[i] for i in METHODS[settings.method.name].members_used(settings.method, len(pair))]
+
+
 def merge(run_dir: Path) -> dict | None:
     """metrics.json from the predictions that a run's shards wrote (scripts/merge.py); None if some
     examples have none yet (the log names them)."""
     cfg = saved_config(Path(run_dir) / "config.yaml")
     settings = settings_of(cfg)
-    pair = list(settings.model_pair.members.values())
-    models = [pair[i] for i in METHODS[settings.method.name].members_used(settings.method, len(pair))]
+    models = decoding_models(settings)
     settings.data.dir = resolve_data_dir(settings.data.dir)
     task = Task(settings.task, settings.data)
     out = RunDir(run_dir, OmegaConf.to_container(cfg, resolve=True))

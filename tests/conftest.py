@@ -29,7 +29,7 @@ def tiny():
     from eval.runner import load_ensemble
 
     pair = [model_config("smollm2_135m"), model_config("gemma3_270m")]
-    return load_ensemble(pair, None, pair)
+    return load_ensemble(pair, [0, 1], None)
 
 
 @pytest.fixture(scope="session")
