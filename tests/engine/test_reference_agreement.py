@@ -129,10 +129,13 @@ def exercised(gen) -> tuple[int, int, int]:
     return len(gen.trace.rounds), foreign, cut_backs
 
 
-@pytest.mark.parametrize("diversity", [True, False], ids=["branches", "beam"])
-def test_long_generations_agree_with_reference_through_cut_backs_and_foreign_winners(tiny, diversity):
+# The beam variant reads far more rows per word: one prompt keeps it within CI's budget.
+@pytest.mark.parametrize(
+    "diversity, prompts", [(True, LONG_PROMPTS), (False, LONG_PROMPTS[:1])], ids=["branches", "beam"]
+)
+def test_long_generations_agree_with_reference_through_cut_backs_and_foreign_winners(tiny, diversity, prompts):
     foreign = cut_backs = 0
-    for prompt in LONG_PROMPTS:
+    for prompt in prompts:
         gen = assert_agree(tiny.members, prompt, [], 24, AdaFuseConfig(diversity=diversity))
         rounds, won, cut = exercised(gen)
         assert rounds >= 6, (prompt, gen.text)

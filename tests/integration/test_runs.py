@@ -116,7 +116,10 @@ def test_each_benchmark_runs_and_scores_what_it_wrote(task, method, tmp_path):
     out = tmp_path / "run"
     metrics = run_task(task, method, out)
     records = read_predictions(out)
-    assert [r["references"] for r in records] == first_references(task, 5)
+    # the first 5 examples of the canonical order; lines are written as examples finish (batched)
+    assert sorted(map(json.dumps, [r["references"] for r in records])) == sorted(
+        map(json.dumps, first_references(task, 5))
+    )
     assert len({r["id"] for r in records}) == 5
     assert metrics["n"] == 5 and metrics["task"] == task and metrics["method"]["name"] == method
     assert metrics["models"] == (["smollm2_135m", "gemma3_270m"] if method == "adafuse" else ["smollm2_135m"])

@@ -24,7 +24,7 @@ def merge(run_dir) -> subprocess.CompletedProcess:
 def test_shards_fill_one_run_and_the_last_one_writes_the_metrics(tmp_path):
     out = tmp_path / "run"
     assert run_task("nq", "single", out, "task.num_shards=2", "task.shard=1") is None
-    assert [r["id"] for r in read_predictions(out)] == ["nq-1", "nq-3"]
+    assert sorted(r["id"] for r in read_predictions(out)) == ["nq-1", "nq-3"]  # written as they finish
     assert not (out / "metrics.json").exists()
     waiting = merge(out)
     assert waiting.returncode == 1 and "3 of 5 examples have no prediction yet (nq-0, nq-2, nq-4)" in waiting.stderr
