@@ -106,8 +106,9 @@ def _swept(frame: pd.DataFrame, column: str) -> pd.DataFrame:
 
 def draw_bars(frame: pd.DataFrame, group: str, value: str, ax, ylabel: str, err: str | None = None) -> None:
     """Grouped bars: one group per task, one bar per value of `group`."""
-    table = frame.pivot_table(index="task", columns=group, values=value, sort=False)
-    errors = frame.pivot_table(index="task", columns=group, values=err, sort=False) if err else None
+    order = [t for t in TASKS if t in set(frame["task"])]  # the paper's column order
+    table = frame.pivot_table(index="task", columns=group, values=value, sort=False).reindex(order)
+    errors = frame.pivot_table(index="task", columns=group, values=err, sort=False).reindex(order) if err else None
     table.index = [TASKS.get(t, t) for t in table.index]
     if errors is not None:
         errors.index = table.index

@@ -187,6 +187,8 @@ def frame(rows: dict, tasks: list[str], gain_rows: dict, with_paper: bool) -> pd
         lines[row[1]] = {header[t]: cell_text(cells[t], shared[t]) if t in cells else "" for t in tasks}
         lines[row[1]][AVERAGE] = average_text(cells, tasks)
     for label, row in gain_rows.items():
+        if not row:  # no baseline (or no single model) in the results
+            continue
         for relative in (True, False):
             name = f"AdaFuse gain {label} ({'%' if relative else 'points'})"
             lines[name] = {header.get(t, t): gain_text(row.get(t), relative) for t in [*tasks, AVERAGE]}
