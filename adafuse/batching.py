@@ -54,8 +54,9 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running = 0  # workers started and not finished
         self.memory_budget = memory_budget or available_memory()
-        self.passes = 0  # merged forward passes actually run
+        self.passes = 0  # forward passes actually run
         self.rows = 0  # rows over those passes
+        self.merged = 0  # passes that carried the requests of more than one example
 
     def forward(self, member: Member, cache, input_ids: torch.Tensor, last_only: bool) -> torch.Tensor:
         """Called by a worker: block until the scheduler has run this pass."""
@@ -94,6 +95,7 @@ class Scheduler:
             for r in chunk:
                 r.error = err
         self.passes += 1
+        self.merged += len(chunk) > 1
         self.rows += sum(r.input_ids.shape[0] for r in chunk)
         for r in chunk:
             r.done.set()

@@ -45,8 +45,7 @@ def test_batched_predictions_equal_unbatched_ones(tiny, shared_data, method, opt
         assert gen.stats.rounds == alone[i].stats.rounds
         assert gen.stats.forward_passes == alone[i].stats.forward_passes
     assert sorted(finished) == list(range(len(cases)))
-    assert finished != sorted(finished)  # a short example overtakes a long one
-    assert scheduler.rows > scheduler.passes  # passes carried several examples' rows
+    assert scheduler.merged > 0  # passes did carry several examples' rows
 
 
 def test_decode_batch_returns_results_in_prompt_order(tiny):
