@@ -44,6 +44,7 @@ from tests.harness import compose_run  # noqa: E402
 SUITE = [("nq", 8, 32), ("triviaqa", 4, 32), ("squad", 4, 32), ("gsm8k", 4, 96), ("flores_de_en", 4, 64)]
 # The batching comparison doubles it: 48 prompts.
 BATCH_SUITE = [(task, 2 * count, budget) for task, count, budget in SUITE]
+BASELINES = ["unite", "deepen", "sweetspan", "llm_blender"]
 
 
 def task_prompts(name: str, count: int, data_dir: Path) -> tuple[list[str], list[str]]:
@@ -64,6 +65,7 @@ def compare_with_singles(ens: Ensemble, data_dir: Path, scale: float) -> dict:
         "adafuse_b1": dict(method="adafuse", branches=1),
         "single_0": dict(method="single", member=0),
         "single_1": dict(method="single", member=1),
+        **{name: dict(method=name) for name in BASELINES},
     }
     totals = {
         name: {"seconds": 0.0, "rounds": 0, "forward": [0, 0], "fed": [0, 0], "generated": [0, 0]} for name in runs
@@ -93,6 +95,7 @@ def compare_with_singles(ens: Ensemble, data_dir: Path, scale: float) -> dict:
             **seconds,
             "ratio": seconds["adafuse"] / singles,
             "ratio_b1": seconds["adafuse_b1"] / singles,
+            **{f"ratio_{name}": seconds[name] / singles for name in BASELINES},
         }
         print(
             f"  {task:13s} {len(prompts):2d} prompts  ratio {per_task[task]['ratio']:.2f} "
@@ -101,18 +104,35 @@ def compare_with_singles(ens: Ensemble, data_dir: Path, scale: float) -> dict:
         )
     af = totals["adafuse"]
     singles = totals["single_0"]["seconds"] + totals["single_1"]["seconds"]
+    # greedy decoding with each member: its passes per token, summed over the two members
+    greedy_passes = sum(
+        totals[f"single_{k}"]["forward"][k] / max(totals[f"single_{k}"]["generated"][k], 1) for k in (0, 1)
+    )
     return {
         "prompts": sum(t["prompts"] for t in per_task.values()),
         "per_task": per_task,
         "totals": totals,
         "ratio_vs_sum_of_singles": af["seconds"] / singles,
         "ratio_b1_vs_sum_of_singles": totals["adafuse_b1"]["seconds"] / singles,
+        # the paper's runtime comparison: every method against the members' summed greedy cost
+        "methods_vs_sum_of_singles": {
+            name: {
+                "wall_time": totals[name]["seconds"] / singles,
+                "forward_passes_per_generated_token": passes_per_token(totals[name]) / greedy_passes,
+            }
+            for name in ["adafuse", *BASELINES]
+        },
         "forward_passes_per_round": [f / af["rounds"] for f in af["forward"]],
         "tokens_fed_per_generated_token": {
             "adafuse": [f / max(g, 1) for f, g in zip(af["fed"], af["generated"])],
             "single": [totals[f"single_{k}"]["fed"][k] / max(totals[f"single_{k}"]["generated"][k], 1) for k in (0, 1)],
         },
     }
+
+
+def passes_per_token(t: dict) -> float:
+    """Forward passes of all members per generated token (the output's length averaged over members)."""
+    return sum(t["forward"]) / max(sum(t["generated"]) / len(t["generated"]), 1)
 
 
 def compare_with_reference(ens: Ensemble, data_dir: Path, count: int, budget: int) -> dict:
@@ -268,6 +288,9 @@ def main() -> None:
     )
     for task, row in singles["per_task"].items():
         print(f"    {task:13s} {row['ratio']:.2f}   B = 1: {row['ratio_b1']:.2f}")
+    print("every method / (sum of singles): wall time, forward passes per generated token")
+    for name, row in singles["methods_vs_sum_of_singles"].items():
+        print(f"    {name:12s} {row['wall_time']:.2f}   {row['forward_passes_per_generated_token']:.2f}")
     fwd = singles["forward_passes_per_round"]
     print(f"forward passes per round (per model): {fwd[0]:.2f} / {fwd[1]:.2f}")
     fed = singles["tokens_fed_per_generated_token"]
