@@ -3,7 +3,8 @@ distribution from a full forward pass, transfer rows written out densely, upstre
 over the whole vocabulary), plus either member as the main one, K = 3, the cache, stop rules.
 
 The transfer matrices here keep 4096 anchors (`max_anchors`), so a fresh machine builds them in
-about a minute; the decoding step does not depend on the anchor count.
+about a minute, and map each distribution's 512 most probable tokens (`support`), so the reference
+can write its rows out densely; the decoding step is the same for any anchor count and support.
 """
 
 import pytest
@@ -20,7 +21,7 @@ from tests.engine.token_reference import PARTIAL, RefMember, stopped
 
 pytestmark = pytest.mark.slow
 
-ANCHORS = 4096
+ANCHORS, SUPPORT = 4096, 512
 
 
 def dense_rows(t, ids: torch.Tensor) -> torch.Tensor:
@@ -50,7 +51,8 @@ def inverse(t, lp: torch.Tensor, q: torch.Tensor, cfg: DeepenConfig) -> int:
     for _ in range(cfg.steps):
         s = torch.softmax(z, dim=0)
         q0 = s[top] @ rows + (1 - s[top].sum()) / len(t.anchors)
-        loss = torch.nn.functional.kl_div(q0.clamp_min(1e-12).log(), q.clamp_min(1e-12), reduction="mean")
+        # upstream: nn.KLDivLoss() (reduction "mean": the sum over anchors divided by |A|)
+        loss = torch.nn.functional.kl_div(q0.clamp_min(1e-12).log(), q.clamp_min(1e-12), reduction="sum") / len(q)
         opt.zero_grad()
         loss.backward()
         z.grad[frozen] = 0
@@ -81,7 +83,7 @@ def reference(members, prompt: str, cfg: DeepenConfig, stop=(), max_new_tokens: 
         ids = [token]
         new = main.m.text(main.ids, ids)
         while new.endswith(PARTIAL) and len(ids) < 4:  # the main member finishes a multi-byte character
-            lp = main.m.logprobs(main.ids + ids, 1)[-1]
+            lp = main.m.logprobs(main.ids + ids, 1)[-1].clone()
             lp[list(main.eos_ids)] = float("-inf")
             ids.append(int(lp.argmax()))
             new = main.m.text(main.ids, ids)
@@ -106,7 +108,7 @@ def same_as_reference(members, prompt, cfg, stop, budget):
 
 @pytest.mark.parametrize("prompt, stop, budget", CASES)
 def test_deepen_equals_the_plain_reference_with_smollm2_as_main(tiny, prompt, stop, budget):
-    cfg = DeepenConfig(max_anchors=ANCHORS, skip_agree=False)  # every step runs the ensemble step
+    cfg = DeepenConfig(max_anchors=ANCHORS, support=SUPPORT, skip_agree=False)  # every step runs the ensemble step
     gen = same_as_reference(tiny.members, prompt, cfg, stop, budget)
     assert all(step.fused for step in gen.trace.steps if step.token not in tiny.members[0].eos_ids)
     assert PARTIAL not in gen.text
@@ -114,24 +116,28 @@ def test_deepen_equals_the_plain_reference_with_smollm2_as_main(tiny, prompt, st
 
 @pytest.mark.parametrize("prompt, stop, budget", [CASES[1], CASES[3]])
 def test_deepen_equals_the_plain_reference_with_gemma_as_main(tiny, prompt, stop, budget):
-    same_as_reference(tiny.members, prompt, DeepenConfig(main=1, max_anchors=ANCHORS, skip_agree=False), stop, budget)
+    same_as_reference(
+        tiny.members, prompt, DeepenConfig(main=1, max_anchors=ANCHORS, support=SUPPORT, skip_agree=False), stop, budget
+    )
 
 
 def test_agreeing_steps_are_skipped_and_the_rest_fused(tiny):
-    cfg = DeepenConfig(max_anchors=ANCHORS)
-    gen = same_as_reference(tiny.members, CASES[0][0], cfg, ["\n"], 10)
+    cfg = DeepenConfig(max_anchors=ANCHORS, support=SUPPORT)
+    gen = same_as_reference(tiny.members, "The sum of 128 and 256 is", cfg, [], 8)
     vocabs = [deepen.vocabulary_of(m) for m in tiny.members]
+    fused = []
     for step in gen.trace.steps:
         texts = {v.texts[i] for v, i in zip(vocabs, step.argmax)}
-        assert step.fused == (
-            not (len(texts) == 1 and None not in texts) and step.argmax[0] not in tiny.members[0].eos_ids
-        )
+        agree = len(texts) == 1 and None not in texts
+        assert step.fused == (not agree and step.argmax[0] not in tiny.members[0].eos_ids)
         assert len(step.loss) == (cfg.steps if step.fused else 0)
+        fused.append(step.fused)
+    assert True in fused and False in fused
 
 
 def test_three_members_with_a_clone_match_the_reference(tiny, smol):
     members = [*tiny.members, clone(smol)]
-    cfg = DeepenConfig(max_anchors=ANCHORS, skip_agree=False, weights=[0.25, 0.5, 0.25])
+    cfg = DeepenConfig(max_anchors=ANCHORS, support=SUPPORT, skip_agree=False, weights=[0.25, 0.5, 0.25])
     gen = same_as_reference(members, "Question: Who wrote Hamlet?\nAnswer:", cfg, ["\n"], 8)
     assert gen.ids[0] == gen.ids[2] and len(gen.stats.forward_passes) == 3
 
@@ -140,18 +146,28 @@ def test_lr_zero_is_the_main_members_greedy_decoding(tiny):
     prompt = "Englisch: The old house is very small.\nDeutsch:"
     for main in (0, 1):
         gen = generate(
-            tiny.members, prompt, DeepenConfig(main=main, lr=0, max_anchors=ANCHORS), stop=["\n"], max_new_tokens=12
+            tiny.members,
+            prompt,
+            DeepenConfig(main=main, lr=0, max_anchors=ANCHORS, support=SUPPORT),
+            stop=["\n"],
+            max_new_tokens=12,
         )
         alone = greedy(tiny.members, prompt, SingleConfig(member=main), stop=["\n"], max_new_tokens=12)
         assert gen.text == alone.text
 
 
 def test_budget_stop_string_and_eos(tiny, smol):
-    cfg = DeepenConfig(max_anchors=ANCHORS)
+    cfg = DeepenConfig(max_anchors=ANCHORS, support=SUPPORT)
     gen = generate(tiny.members, "Once upon a time", cfg, max_new_tokens=5)
     assert gen.stats.stop_reason == "length" and max(gen.stats.tokens_generated) >= 5
+    # Gemma as main: SmolLM2 alone ends this prompt at once with its eos.
+    question = "Question: What is the capital of France?\nAnswer:"
     gen = generate(
-        tiny.members, "Question: What is the capital of France?\nAnswer:", cfg, stop=["is"], max_new_tokens=30
+        tiny.members,
+        question,
+        DeepenConfig(main=1, max_anchors=ANCHORS, support=SUPPORT),
+        stop=["is"],
+        max_new_tokens=30,
     )
     assert gen.stats.stop_reason == "stop" and "is" not in gen.text
     chat = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
