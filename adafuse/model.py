@@ -466,7 +466,7 @@ class Rows:
 
     def select(self, rows: list[int]) -> "Rows":
         """New rows that copy the given rows, in that order (beam search); this object stays as it was."""
-        index = torch.tensor(rows, device=self.member.device)
+        index = torch.tensor(rows, dtype=torch.long, device=self.member.device)  # may be empty
         chosen = Rows(self.member, self.prefix, _derive(self.cache, lambda t: t[index]), 0)
         chosen.tokens = [self.tokens[r] for r in rows]
         chosen.last = [self.last[r] for r in rows]
