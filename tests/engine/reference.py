@@ -8,6 +8,7 @@ and text is decoded from the start of the context. It shares only the weights an
 import re
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 
 CHAR_SLACK = 4  # as the fast decoder: a word cut at the token cap may finish its last character
@@ -236,21 +237,57 @@ def align(m: RefModel, context: list[int], anchor: int, prefix_text: str, candid
     return base, new, skip
 
 
+class RefRun:
+    """One example's shared-text state: each model's context, rendered prompt and anchor (the first
+    token a cut-back may reach: the start of the last committed word), and the output text."""
+
+    def __init__(self, members, prompt: str):
+        self.models = [RefModel(m) for m in members]
+        self.contexts = [m.encode_prompt(prompt) for m in self.models]
+        self.prompt_texts = [m.render(prompt) for m in self.models]
+        self.prompt_lens = [len(c) for c in self.contexts]
+        self.anchors = []
+        for m, c, t in zip(self.models, self.contexts, self.prompt_texts):
+            after_control = max((i + 1 for i, x in enumerate(c) if x in m.control), default=0)
+            self.anchors.append(last_word_start(m, c, t, max(after_control, 1)))
+        self.text = ""
+
+    def score(self, cand: RefCandidate) -> None:
+        """Append each model's (base, ids, skip, nll) for the candidate: its own ids, else spec §4's alignment."""
+        for k, m in enumerate(self.models):
+            if k in cand.own:
+                base, ids, skip = len(self.contexts[k]), cand.own[k], 0
+            else:
+                prefix = self.prompt_texts[k] + self.text
+                base, ids, skip = align(m, self.contexts[k], self.anchors[k], prefix, cand.text)
+            cand.scores.append((base, ids, skip, nll(m, self.contexts[k][:base], ids, cand.eos, skip)))
+
+    def commit(self, best: RefCandidate) -> None:
+        self.text += best.text
+        for k, m in enumerate(self.models):
+            base, ids, _, _ = best.scores[k]
+            self.contexts[k] = self.contexts[k][:base] + ids
+            self.prompt_lens[k] = min(self.prompt_lens[k], base)
+            self.anchors[k] = last_word_start(m, self.contexts[k], self.prompt_texts[k] + self.text, self.anchors[k])
+
+    def ended(self, eos: bool, stop, max_new_tokens: int):
+        """(text, each model's output ids) if the run ends after the last commit, else None."""
+        outputs = [c[n:] for c, n in zip(self.contexts, self.prompt_lens)]
+        hits = [self.text.find(s) for s in stop if s in self.text]
+        if hits:
+            return self.text[: min(hits)], outputs
+        if eos or any(len(o) >= max_new_tokens for o in outputs):
+            return self.text, outputs
+        return None
+
+
 def generate(members, prompt: str, cfg, stop=(), max_new_tokens: int = 64):
     """Returns (text, rounds, ids); each round is (candidates, winner index); ids are each model's output ids."""
-    models = [RefModel(m) for m in members]
-    contexts = [m.encode_prompt(prompt) for m in models]
-    prompt_texts = [m.render(prompt) for m in models]
-    prompt_lens = [len(c) for c in contexts]
-    anchors = []
-    for m, c, t in zip(models, contexts, prompt_texts):
-        after_control = max((i + 1 for i, x in enumerate(c) if x in m.control), default=0)
-        anchors.append(last_word_start(m, c, t, max(after_control, 1)))
-    text, rounds = "", []
+    run, rounds = RefRun(members, prompt), []
     while True:
         pool: dict = {}
-        for k, m in enumerate(models):
-            for words in propose(m, contexts[k], cfg):
+        for k, m in enumerate(run.models):
+            for words in propose(m, run.contexts[k], cfg):
                 key = ("".join(w.text for w in words), words[-1].eos)
                 cand = pool.setdefault(key, RefCandidate(*key))
                 if k not in cand.own:
@@ -258,25 +295,19 @@ def generate(members, prompt: str, cfg, stop=(), max_new_tokens: int = 64):
                     cand.own[k] = [i for w in words for i in w.ids]
         pool = list(pool.values())
         for cand in pool:
-            for k, m in enumerate(models):
-                if k in cand.own:
-                    base, ids, skip = len(contexts[k]), cand.own[k], 0
-                else:
-                    base, ids, skip = align(m, contexts[k], anchors[k], prompt_texts[k] + text, cand.text)
-                cand.scores.append((base, ids, skip, nll(m, contexts[k][:base], ids, cand.eos, skip)))
-            cand.fused = sum(s[3] for s in cand.scores) / len(models)
+            run.score(cand)
+            cand.fused = sum(s[3] for s in cand.scores) / len(run.models)
         winner = min(range(len(pool)), key=lambda i: pool[i].fused)
-        best = pool[winner]
         rounds.append((pool, winner))
-        text += best.text
-        for k, m in enumerate(models):
-            base, ids, _, _ = best.scores[k]
-            contexts[k] = contexts[k][:base] + ids
-            prompt_lens[k] = min(prompt_lens[k], base)
-            anchors[k] = last_word_start(m, contexts[k], prompt_texts[k] + text, anchors[k])
-        outputs = [c[n:] for c, n in zip(contexts, prompt_lens)]
-        hits = [text.find(s) for s in stop if s in text]
-        if hits:
-            return text[: min(hits)], rounds, outputs
-        if best.eos or any(len(o) >= max_new_tokens for o in outputs):
-            return text, rounds, outputs
+        run.commit(pool[winner])
+        end = run.ended(pool[winner].eos, stop, max_new_tokens)
+        if end:
+            return end[0], rounds, end[1]
+
+
+def assert_scores_match(fast_scores, slow_scores) -> None:
+    """A fast Score list equals the reference's (base, ids, skip, nll) tuples; NLLs within 1e-4."""
+    assert len(fast_scores) == len(slow_scores)
+    for fs, (base, ids, skip, value) in zip(fast_scores, slow_scores):
+        assert (fs.base, fs.ids, fs.skip) == (base, ids, skip)
+        assert fs.nll == pytest.approx(value, abs=1e-4)
