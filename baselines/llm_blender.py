@@ -127,6 +127,7 @@ def generate(
         tokens_fed=[m.tokens_fed for m in members],
         forward_passes=[m.forward_passes for m in members],
         seconds=time.perf_counter() - started,
+        notes={"ranker": cfg.ranker, "ranked": len(candidates) > 1, "chosen": ranking.chosen},
     )
     record = None
     if trace:

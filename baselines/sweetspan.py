@@ -24,9 +24,11 @@ Choices where the notes leave one open or where the upstream description is wron
 - No separating space: upstream joins spans with " ".join. Our words carry their own leading
   whitespace (" Paris", "\\n\\nQuestion:"), so the span text is appended verbatim; a join would
   double spaces and could never produce a newline.
-- A span ends early at the word that completes a stop string (within G + span): the text after it
-  can never be output, and generating it would only cost passes (upstream's span generation stops
-  at the task's stop strings too). It also ends at eos, or at `span_words` words.
+- A span ends early once G + span holds a stop string: the text after it can never be output, and
+  generating it would only cost passes (upstream's span generation stops at the task's stop strings
+  too). It ends at the word that completes the stop string or, when a word's first token already
+  completes it ("\n\n" of "\n\nQuestion:" for the stop "\n"), at that token alone, read as a
+  one-token word. It also ends at eos, or at `span_words` words.
 - The filter compares max > λ·min rather than max/min > λ, so a zero NLL (a token the model is
   certain of) is handled without a division by zero: any positive score is then an outlier.
 - `normalize` divides each evaluator's NLLs by their mean over this round's pool (a mean of 0 leaves
@@ -164,15 +166,20 @@ def generate(
 def propose_span(m: Member, cfg: SweetSpanConfig, shared: str, stop: tuple[str, ...]) -> Proposal:
     """Member m's span: up to `span_words` greedy words after the shared text `shared` (spec §2's word rule).
 
-    The span ends early at end-of-sequence, at a word cut at the token cap, or at the word that
-    completes a stop string in `shared` + span (nothing after it could be output).
+    The span ends early at end-of-sequence, at a word cut at the token cap, or as soon as `shared` +
+    span holds a stop string (nothing after it could be output): at the word that completes it, or,
+    when a word's first token already completes it, at that token alone (read as a one-token word).
     """
     rows = m.fork(1)
-    logprobs, words = m.logprobs, []
+    logprobs, words, text = m.logprobs, [], ""
     while len(words) < cfg.span_words:
-        (word,) = complete_words(m, rows, [int(logprobs.argmax())], logprobs, words, cfg.max_word_tokens)
+        first = int(logprobs.argmax())
+        context = m.ids + [i for w in words for i in w.ids]
+        stops = first not in m.eos_ids and cut_at_stop(shared, text + m.text_of([first], context), stop)[1]
+        (word,) = complete_words(m, rows, [first], logprobs, words, 1 if stops else cfg.max_word_tokens)
         words.append(word)
-        if word.eos or word.cut or cut_at_stop(shared, "".join(w.text for w in words), stop)[1]:
+        text += word.text
+        if word.eos or word.cut or stops or cut_at_stop(shared, text, stop)[1]:
             break
         logprobs = word.next_logprobs
     return Proposal(words, rows, 0)

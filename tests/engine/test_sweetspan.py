@@ -1,0 +1,130 @@
+"""SweetSpan on the real bundled pair against a slow implementation written here.
+
+The slow side has no cache: every greedy step and every score is a full forward pass over the whole
+token sequence (tests/engine/reference.py's cache-free model, word rule and spec §4 alignment); the
+span round (proposals, pool, outlier filter, normalisation, winner) is written out below as plainly
+as the method's docstring reads. Identical text, output ids, pools and winners; NLLs within 1e-4.
+"""
+
+import pytest
+
+from baselines.sweetspan import SweetSpanConfig, generate
+
+from . import reference
+from .helpers import clone
+
+pytestmark = pytest.mark.slow
+
+# (prompt, stop strings, token budget): German text, digits, newline-terminated answers
+PROMPTS = [
+    ("Question: What is the capital of France?\nAnswer:", ["\n"], 8),
+    ("Die Hauptstadt von Deutschland ist", [], 8),
+    ("Übersetze ins Englische: Der Hund läuft über die Straße.\nEnglisch:", ["\n"], 8),
+    ("The sum of 128 and 256 is", [], 8),
+    ("The price is $18.50, and the tax is", [], 6),
+    ("List three colors:\n", ["\n\n"], 8),
+]
+
+
+def slow_sweetspan(members, prompt: str, cfg: SweetSpanConfig, stop, budget):
+    """Returns (text, rounds, output ids); a round is (pool, fused scores, winner)."""
+    run, rounds = reference.RefRun(members, prompt), []
+    while True:
+        pool = {}  # (text, eos) -> RefCandidate, in insertion order
+        for k, m in enumerate(run.models):
+            words, here, span = [], list(run.contexts[k]), ""
+            while len(words) < cfg.span_words:
+                first = int(m.next_logprobs(here).argmax())
+                # a first token that completes a stop string is the span's last word, alone
+                stops = first not in m.eos_ids and any(s in run.text + span + m.text(here, [first]) for s in stop)
+                word = reference.greedy_word(m, here, first, 1 if stops else cfg.max_word_tokens)
+                words.append(word)
+                here += word.ids
+                span += word.text
+                if word.eos or word.cut or stops or any(s in run.text + span for s in stop):
+                    break
+            key = ("".join(w.text for w in words), words[-1].eos)
+            cand = pool.setdefault(key, reference.RefCandidate(*key))
+            cand.proposers.append(k)
+            cand.own[k] = [i for w in words for i in w.ids]
+        pool = list(pool.values())
+        for cand in pool:
+            run.score(cand)
+        table = [[s[3] for s in cand.scores] for cand in pool]  # table[span][member]
+        if cfg.normalize:
+            means = [sum(row[k] for row in table) / len(table) for k in range(len(run.models))]
+            table = [[v / mean if mean else 0.0 for v, mean in zip(row, means)] for row in table]
+        fused = []
+        for row in table:
+            values = sorted(row)
+            if values[-1] > cfg.outlier_ratio * values[0]:  # drop both extremes, or the largest alone
+                values = values[1:-1] or values[:1]
+            fused.append(sum(values) / len(values))
+        winner = min(range(len(pool)), key=lambda i: fused[i])
+        rounds.append((pool, fused, winner))
+        run.commit(pool[winner])
+        end = run.ended(pool[winner].eos, stop, budget)
+        if end:
+            return end[0], rounds, end[1]
+
+
+def assert_agree(members, prompt, stop, budget, cfg):
+    fast = generate(members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
+    slow_text, rounds, slow_ids = slow_sweetspan(members, prompt, cfg, stop, budget)
+    assert fast.text == slow_text
+    assert fast.ids == slow_ids
+    assert len(fast.trace.steps) == len(rounds) == fast.stats.rounds
+    for r, (pool, fused, winner) in zip(fast.trace.steps, rounds):
+        assert [(c.text, c.eos, c.proposers) for c in r.candidates] == [(c.text, c.eos, c.proposers) for c in pool]
+        assert r.winner == winner
+        for fc, rc, f in zip(r.candidates, pool, fused):
+            reference.assert_scores_match(fc.scores, rc.scores)
+            assert fc.nll == pytest.approx(f, abs=1e-4)
+    assert fast.stats.words_per_round == [r.candidates[r.winner].words for r in fast.trace.steps]
+    return fast
+
+
+def test_sweetspan_equals_the_slow_implementation(tiny, shared_data):
+    nq = (shared_data / "adafuse_local_datasets/NaturalQuestions/dev/nq_prompt.txt").read_text()
+    cases = PROMPTS + [(nq + "\n\nQuestion: when was the last time anyone was on the moon\nAnswer:", ["\n"], 6)]
+    multi_span = 0
+    for prompt, stop, budget in cases:
+        gen = assert_agree(tiny.members, prompt, stop, budget, SweetSpanConfig())
+        multi_span += any(len(r.candidates) > 1 for r in gen.trace.steps)
+    assert multi_span >= 3  # the members disagree, so scores and the filter decide
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(normalize=True), dict(span_words=1), dict(span_words=2, outlier_ratio=1.5), dict(max_word_tokens=2)],
+    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
+)
+def test_options_equal_the_slow_implementation(tiny, options):
+    prompt, stop, _ = PROMPTS[2]
+    assert_agree(tiny.members, prompt, stop, 6, SweetSpanConfig(**options))
+
+
+def test_three_members(tiny):
+    members = [clone(tiny.members[i]) for i in (0, 1, 0)]  # the pair plus SmolLM2 again
+    prompt, stop, _ = PROMPTS[1]
+    gen = assert_agree(members, prompt, stop, 6, SweetSpanConfig())
+    assert len(gen.ids) == 3 and gen.ids[0] == gen.ids[2]
+
+
+def test_stop_string_budget_and_eos(tiny, smol):
+    prompt = "Question: What is the capital of France?\nAnswer:"
+    free = generate(tiny.members, prompt, SweetSpanConfig(), max_new_tokens=12, trace=True)
+    assert "\n" in free.text and free.stats.stop_reason == "length"
+    assert max(free.stats.tokens_generated) >= 12
+    gen = generate(tiny.members, prompt, SweetSpanConfig(), stop=["\n"], max_new_tokens=12, trace=True)
+    assert gen.stats.stop_reason == "stop" and gen.text == free.text.split("\n")[0]
+    # a span ends where its text completes a stop string: here at the "\n\n" that opens "\n\nQuestion:"
+    last = gen.trace.steps[-1]
+    stopped = [c.text for c in last.candidates if "\n" in c.text]
+    assert stopped and all(t.split("\n", 1)[1].strip() == "" for t in stopped)
+    chat = [type(smol)(smol.name, smol.tokenizer, smol.model, chat_template=True) for _ in range(2)]
+    gen = generate(chat, "What is 2 + 2? Answer with one number.", SweetSpanConfig(), max_new_tokens=40, trace=True)
+    assert gen.stats.stop_reason == "eos"
+    winner = gen.trace.steps[-1].candidates[gen.trace.steps[-1].winner]
+    assert winner.eos and all(s.eos for s in winner.scores)  # its score includes the eos token
+    assert all(i not in smol.eos_ids for i in gen.ids[0])
