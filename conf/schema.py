@@ -98,6 +98,7 @@ class RunConf:
     # 16-32 (the scheduler splits a pass that would not fit in free memory).
     batch_size: int = 8
     progress: bool = True
+    results_dir: str = "results"  # runs write to <results_dir>/<task>/<method>/<model_pair>/<run_id>
 
 
 def method_schema(name: str) -> type:

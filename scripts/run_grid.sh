@@ -8,7 +8,9 @@
 #   LIMIT=2 bash scripts/run_grid.sh                           # every job on 2 examples: a check
 #   LIMIT=2 EXTRA="task.max_new_tokens=8" bash scripts/run_grid.sh   # a quicker one (EXTRA enters the run ids)
 #   METHODS="single adafuse" bash scripts/run_grid.sh          # a subset of the methods
-#   python scripts/make_table.py results && python scripts/make_figures.py results
+#   PARTS=table bash scripts/run_grid.sh                       # Table 1's runs only (PARTS=sweeps: the ablations)
+#   JOB_CPUS=2 bash scripts/run_grid.sh                        # one job at a time, leaving a core free
+#   python scripts/make_table.py results/grid && python scripts/make_figures.py results/grid
 #
 # Runs resume: rerunning the script (or one line of it) decodes only what is missing. A larger
 # slice later grows the same run directories. Sweep logs go to multirun/grid/<date>/<time>/<n>/.
@@ -21,15 +23,18 @@ QA_LIMIT=${LIMIT:-${QA_LIMIT:-100}}  # NQ, TriviaQA, SQuAD
 GEN_LIMIT=${LIMIT:-${GEN_LIMIT:-50}}  # GSM8K, FLORES En->De and De->En
 QA=nq,triviaqa,squad
 GEN=gsm8k,flores_en_de,flores_de_en
+PARTS=${PARTS:-"table sweeps"}
+RESULTS=${RESULTS:-results/grid}  # apart from results/<task>/..., where ordinary runs go
 
 # Two CPUs: two one-CPU jobs at a time, one torch thread each, 4 GB each (the pair peaks near 3 GB).
 LAUNCHER=(
     hydra/launcher=slurm
     hydra.launcher.gpus_per_node=null
-    hydra.launcher.cpus_per_task=1
+    hydra.launcher.cpus_per_task=${JOB_CPUS:-1}
     hydra.launcher.mem_gb=4
     hydra.launcher.timeout_min=720
     threads=1
+    results_dir="$RESULTS"
     wandb.mode=disabled
     progress=false
 )
@@ -50,6 +55,7 @@ multirun() { # a Hydra multirun in the background, with a sweep folder of its ow
 }
 
 for slice in "$QA $QA_LIMIT" "$GEN $GEN_LIMIT"; do
+    [[ " $PARTS " == *" table "* ]] || break
     read -r tasks limit <<<"$slice"
     if [[ " ${available[*]} " == *" single "* ]]; then
         multirun method=single method.member=0,1 task="$tasks" task.limit="$limit"
@@ -59,7 +65,7 @@ for slice in "$QA $QA_LIMIT" "$GEN $GEN_LIMIT"; do
     fi
 done
 
-if [[ " ${available[*]} " == *" adafuse "* ]]; then
+if [[ " ${available[*]} " == *" adafuse "* && " $PARTS " == *" sweeps "* ]]; then
     for slice in "nq $QA_LIMIT" "gsm8k $GEN_LIMIT"; do
         read -r task limit <<<"$slice"
         # The default run (τΔ 0.7, B 3, M 3, adaptive) is each sweep's middle point, from the grid above.
@@ -76,4 +82,4 @@ if [ "$failed" -gt 0 ]; then
     echo "grid: $failed multiruns failed; their logs are above and in multirun/" >&2
     exit 1
 fi
-echo "grid: done. Next: $PYTHON scripts/make_table.py results && $PYTHON scripts/make_figures.py results"
+echo "grid: done. Next: $PYTHON scripts/make_table.py $RESULTS && $PYTHON scripts/make_figures.py $RESULTS"

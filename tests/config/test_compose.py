@@ -133,6 +133,13 @@ def test_the_run_id_names_the_settings_that_change_predictions():
     assert "/" not in run_id("task.path=/home/me/prompts.jsonl")
 
 
+def test_results_dir_moves_the_root_and_stays_out_of_the_run_id():
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["results_dir=results/grid", "method.tau=0.5"], return_hydra_config=True)
+    assert run_id(cfg.hydra.job.override_dirname) == "method.tau=0.5"
+    assert cfg.hydra.run.dir == "results/grid/nq/adafuse/tiny/method.tau=0.5"
+
+
 def test_slice_size_and_shards_are_not_in_the_run_id():
     # A larger task.limit grows the same run in place; every shard writes into the same directory.
     assert run_id_of("method.tau=0.5", "task.limit=5", "task.num_shards=4", "task.shard=3") == "method.tau=0.5"
