@@ -252,7 +252,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a quarter of the prompts, one reference prompt")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
-    parser.add_argument("--only", choices=["singles", "reference", "batching"], help="run one section")
+    parser.add_argument("--only", choices=["singles", "reference", "batching"], help="run one section (1, 2 or 3)")
     parser.add_argument("--out", type=Path, default=ROOT / "results/bench/decode.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -269,13 +269,24 @@ def main() -> None:
             f"{batching['adafuse_best_vs_unbatched_singles']:.2f} (goal <= 1.0); single batched / unbatched: "
             f"{batching['single_speedup']:.2f}x (goal >= 4)"
         )
-    if args.only == "batching":
-        return write(args, record)
-    print("1. AdaFuse vs the two single models (same prompts, interleaved)", flush=True)
-    singles = compare_with_singles(ens, args.data_dir, scale)
-    print("2. fast decoder vs the cache-free reference (500+-token few-shot prompts)", flush=True)
-    ref = compare_with_reference(ens, args.data_dir, 1 if args.quick else 3, 16)
+    if args.only in (None, "reference"):
+        print("2. fast decoder vs the cache-free reference (500+-token few-shot prompts)", flush=True)
+        record["reference"] = ref = compare_with_reference(ens, args.data_dir, 1 if args.quick else 3, 16)
+        print(
+            f"fast vs cache-free reference: {ref['speedup']:.1f}x faster on {ref['prompts']} prompts of "
+            f"{min(ref['prompt_tokens'])}-{max(ref['prompt_tokens'])} tokens, {ref['budget']} new tokens "
+            f"(goal >= 20x); identical outputs {ref['identical_outputs']}/{ref['prompts']}"
+        )
+    if args.only in (None, "singles"):
+        print("1. every method vs the two single models (same prompts, interleaved)", flush=True)
+        record["singles"] = singles = compare_with_singles(ens, args.data_dir, scale)
+        report_singles(singles)
+    record.update(peak_rss_gb=peak_rss_gb(), quick=args.quick)
+    print(f"peak RSS: {peak_rss_gb():.2f} GB")
+    write(args, record)
 
+
+def report_singles(singles: dict) -> None:
     t = singles["totals"]
     print(f"\nprompts: {singles['prompts']} real benchmark prompts ({', '.join(singles['per_task'])})")
     print(
@@ -298,15 +309,6 @@ def main() -> None:
         f"tokens fed per generated token:       AdaFuse {fed['adafuse'][0]:.2f} / {fed['adafuse'][1]:.2f}, "
         f"single {fed['single'][0]:.2f} / {fed['single'][1]:.2f} (includes the prompt prefill)"
     )
-    print(
-        f"fast vs cache-free reference:         {ref['speedup']:.1f}x faster on {ref['prompts']} prompts of "
-        f"{min(ref['prompt_tokens'])}-{max(ref['prompt_tokens'])} tokens, {ref['budget']} new tokens "
-        f"(goal >= 20x); identical outputs {ref['identical_outputs']}/{ref['prompts']}"
-    )
-    print(f"peak RSS: {peak_rss_gb():.2f} GB")
-
-    record.update(singles=singles, reference=ref, peak_rss_gb=peak_rss_gb(), quick=args.quick)
-    write(args, record)
 
 
 def write(args, record: dict) -> None:
