@@ -35,6 +35,8 @@ def run_id(override_dirname: str) -> str:
 
 register()
 OmegaConf.register_new_resolver("run_id", run_id, replace=True)
+# A sweep job's directory: the run directory, relative to where the sweep was started unless absolute.
+OmegaConf.register_new_resolver("join_path", os.path.join, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

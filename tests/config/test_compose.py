@@ -138,6 +138,9 @@ def test_results_dir_moves_the_root_and_stays_out_of_the_run_id():
         cfg = compose("config", overrides=["results_dir=results/grid", "method.tau=0.5"], return_hydra_config=True)
     assert run_id(cfg.hydra.job.override_dirname) == "method.tau=0.5"
     assert cfg.hydra.run.dir == "results/grid/nq/adafuse/tiny/method.tau=0.5"
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["results_dir=/scratch/me", "method.tau=0.5"], return_hydra_config=True)
+    assert cfg.hydra.sweep.subdir == "/scratch/me/nq/adafuse/tiny/method.tau=0.5"  # a sweep job too
 
 
 def test_slice_size_and_shards_are_not_in_the_run_id():
