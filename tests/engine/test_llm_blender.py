@@ -15,7 +15,7 @@ from baselines.llm_blender import LLMBlenderConfig, generate, load_pairrm
 from tests.unit.test_llm_blender import write_checkpoint
 
 from . import reference
-from .helpers import clone
+from .helpers import clone, nq_few_shot_case
 
 pytestmark = pytest.mark.slow
 
@@ -86,8 +86,7 @@ def assert_agree(members, prompt, stop, budget):
 
 
 def test_llm_blender_equals_the_slow_implementation(tiny, shared_data):
-    nq = (shared_data / "adafuse_local_datasets/NaturalQuestions/dev/nq_prompt.txt").read_text()
-    cases = PROMPTS + [(nq + "\n\nQuestion: when was the last time anyone was on the moon\nAnswer:", ["\n"], 10)]
+    cases = PROMPTS + [nq_few_shot_case(shared_data, 10)]
     ranked = 0
     for prompt, stop, budget in cases:
         gen = assert_agree(tiny.members, prompt, stop, budget)

@@ -11,7 +11,7 @@ import pytest
 from baselines.sweetspan import SweetSpanConfig, generate
 
 from . import reference
-from .helpers import clone
+from .helpers import clone, nq_few_shot_case
 
 pytestmark = pytest.mark.slow
 
@@ -85,8 +85,7 @@ def assert_agree(members, prompt, stop, budget, cfg):
 
 
 def test_sweetspan_equals_the_slow_implementation(tiny, shared_data):
-    nq = (shared_data / "adafuse_local_datasets/NaturalQuestions/dev/nq_prompt.txt").read_text()
-    cases = PROMPTS + [(nq + "\n\nQuestion: when was the last time anyone was on the moon\nAnswer:", ["\n"], 6)]
+    cases = PROMPTS + [nq_few_shot_case(shared_data, 6)]
     multi_span = 0
     for prompt, stop, budget in cases:
         gen = assert_agree(tiny.members, prompt, stop, budget, SweetSpanConfig())
