@@ -32,6 +32,7 @@ RESUMABLE_CHANGES = {
     "threads",
     "batch_size",
     "progress",
+    "results_dir",  # a moved results tree resumes where it now lies
     "wandb.mode",
     "wandb.project",
     "wandb.entity",

@@ -78,5 +78,6 @@ def test_records_written_by_another_writer_are_seen_after_refresh(tmp_path):
 def test_shard_and_limit_may_change_between_writers_other_settings_may_not(tmp_path):
     write_examples(tmp_path, 0, ["nq-0"])
     RunDir(tmp_path, {**CONFIG, "task": {"name": "nq", "limit": 8, "shard": 3, "num_shards": 4}})
+    RunDir(tmp_path, {**CONFIG, "results_dir": "/elsewhere"})  # also a run written before results_dir existed
     with pytest.raises(ConfigError, match="method.tau"):
         RunDir(tmp_path, {**CONFIG, "method": {"name": "adafuse", "tau": 0.5}})
