@@ -74,6 +74,19 @@ def find_runs(root: Path) -> list[Run]:
     return runs
 
 
+def runs_of_pair(root: Path, pair: str | None) -> tuple[list[Run], str]:
+    """The runs below `root` of one model pair, and its name: `pair`, or the only pair they hold.
+
+    For the command-line scripts: results that hold several pairs, with none chosen, end the script
+    with a message that says to choose one with --pair."""
+    runs = find_runs(root)
+    pairs = sorted({r.metrics["model_pair"] for r in runs})
+    if pair is None and len(pairs) > 1:
+        raise SystemExit(f"the results hold several model pairs ({', '.join(pairs)}): choose one with --pair")
+    pair = pair or (pairs[0] if pairs else "")
+    return [r for r in runs if r.metrics["model_pair"] == pair], pair
+
+
 def shared_settings(runs: list[Run]) -> list[str]:
     """The overrides other than method settings that every run has (e.g. a quick grid's
     task.max_new_tokens=8): a table or figure states them once instead of in every row's name."""

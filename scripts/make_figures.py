@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from adafuse.config import AdaFuseConfig  # noqa: E402
 from eval.bootstrap import RESAMPLES, standard_error  # noqa: E402
-from eval.collect import Run, find_runs, shared_settings  # noqa: E402
+from eval.collect import Run, runs_of_pair, shared_settings  # noqa: E402
 
 log = logging.getLogger("make_figures")
 
@@ -179,12 +179,8 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    runs = find_runs(args.results_dir)
-    pairs = sorted({r.metrics["model_pair"] for r in runs})
-    if args.pair is None and len(pairs) > 1:
-        raise SystemExit(f"the results hold several model pairs ({', '.join(pairs)}): choose one with --pair")
-    runs = [r for r in runs if r.task in TASKS and args.pair in (None, r.metrics["model_pair"])]
-    pair = args.pair or (pairs[0] if pairs else "")
+    runs, pair = runs_of_pair(args.results_dir, args.pair)
+    runs = [r for r in runs if r.task in TASKS]
     out = args.out or args.results_dir / "figures"
     out.mkdir(parents=True, exist_ok=True)
     for name, (frame, draw, title) in figures(runs, args.metric, args.resamples).items():

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from eval.bootstrap import RESAMPLES, Gain, paired_gain, standard_error  # noqa: E402
-from eval.collect import Run, find_runs, shared_settings  # noqa: E402
+from eval.collect import Run, runs_of_pair, shared_settings  # noqa: E402
 
 log = logging.getLogger("make_table")
 
@@ -243,13 +243,9 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    runs = find_runs(args.results_dir)
-    pairs = sorted({r.metrics["model_pair"] for r in runs})
+    runs, _ = runs_of_pair(args.results_dir, args.pair)
     if not runs:
         raise SystemExit(f"no metrics.json below {args.results_dir}")
-    if args.pair is None and len(pairs) > 1:
-        raise SystemExit(f"the results hold several model pairs ({', '.join(pairs)}): choose one with --pair")
-    runs = [r for r in runs if args.pair in (None, r.metrics["model_pair"])]
     rows = collect(runs, args.metric, args.resamples)
     tasks = [t for t in TASKS if any(t in cells for cells in rows.values())]
 

@@ -130,3 +130,14 @@ def test_settings_that_every_run_shares_are_stated_once(tmp_path):
     assert ("adafuse", "nq") in table and ("smollm2_135m", "nq") in table
     assert float(table[("AdaFuse gain vs best single model", "nq")]["value"]) == pytest.approx(30.0)
     assert "Every run: task.max_new_tokens=8." in (tmp_path / "table1.md").read_text()
+
+
+def test_results_of_several_model_pairs_need_a_choice(tmp_path):
+    write_run(tmp_path, "nq", "single", pattern(4, 2))
+    write_run(tmp_path, "nq", "adafuse", pattern(4, 1), "model_pair=small")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_table.py"), str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "several model pairs (small, tiny): choose one with --pair" in done.stderr
+    assert {row for row, _ in make_table(tmp_path, "--pair", "small")} == {"adafuse"}
+    assert {row for row, _ in make_table(tmp_path, "--pair", "tiny")} == {"smollm2_135m"}
