@@ -253,13 +253,19 @@ def running_values(log: Path, name: str) -> list[float]:
     return values
 
 
+def capitals(path: Path, *rows: tuple[str, str, str]) -> list[dict]:
+    """A custom-task file of (id, country, reference) questions; its rows."""
+    rows = [
+        {"id": i, "prompt": f"Question: What is the capital of {country}?\nAnswer:", "references": [reference]}
+        for i, country, reference in rows
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
 def test_a_resumed_wandb_run_averages_every_finished_example(tmp_path):
     prompts = tmp_path / "capitals.jsonl"
-    rows = [
-        {"id": "fr", "prompt": "Question: What is the capital of France?\nAnswer:", "references": ["Paris"]},
-        {"id": "xx", "prompt": "Question: What is the capital of France?\nAnswer:", "references": ["Lyon"]},
-    ]
-    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    capitals(prompts, ("fr", "France", "Paris"), ("xx", "France", "Lyon"))
     out = tmp_path / "run"
     custom = ["task=custom", f"task.path={prompts}", r'task.stop=["\n"]', "task.max_new_tokens=8", "wandb.mode=offline"]
     run_task("custom", "adafuse", out, *custom, "task.limit=1")
@@ -282,11 +288,7 @@ def test_a_prompt_longer_than_a_models_context_is_refused_before_decoding(tmp_pa
 
 def test_custom_prompts_with_references_are_decoded_and_scored(tmp_path):
     prompts = tmp_path / "mine.jsonl"
-    rows = [
-        {"id": "fr", "prompt": "Question: What is the capital of France?\nAnswer:", "references": ["Paris"]},
-        {"id": "de", "prompt": "Question: What is the capital of Germany?\nAnswer:", "references": ["Berlin"]},
-    ]
-    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows = capitals(prompts, ("fr", "France", "Paris"), ("de", "Germany", "Berlin"))
     # The README's form, task.stop='["\n"]', reaches Hydra as a backslash and an n: it must stop at a newline.
     readme_form = "task.stop=" + '["' + "\\" + 'n"]'
     metrics = main(
