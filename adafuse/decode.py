@@ -100,14 +100,9 @@ def generate(
             score_candidates(m, k, pool, round_idx)
         fused = [sum(sc.nll for sc in c.scores) / len(members) for c in pool]
         winner = choose_winner(fused)
-        best = pool[winner]
-        for k, m in enumerate(members):
-            m.commit(*best.homes[k], best.text)
-            m.check_invariant()
         if s.record:
             s.record.rounds.append(_round_trace(round_idx, model_rounds, pool, fused, winner))
-        s.stats.words_per_round.append(best.words)
-        s.add(best.text, eos=best.eos)
+        commit_winner(members, s, pool[winner])
     return s.finish()
 
 
@@ -283,6 +278,16 @@ def build_pool(proposals) -> list[Candidate]:
             c = pool.setdefault((p.text, p.eos), Candidate(p.text, p.eos, len(p.words)))
             c.proposals.setdefault(k, p)  # a model's own duplicate keeps its higher-ranked ids
     return list(pool.values())
+
+
+def commit_winner(members: list[Member], s: Session, best: Candidate) -> None:
+    """Every model takes the winning candidate from the row that proposed or scored it (nothing is
+    read again), and the shared text grows by it."""
+    for k, m in enumerate(members):
+        m.commit(*best.homes[k], best.text)
+        m.check_invariant()
+    s.stats.words_per_round.append(best.words)
+    s.add(best.text, eos=best.eos)
 
 
 def choose_winner(fused: list[float]) -> int:

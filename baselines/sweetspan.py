@@ -41,7 +41,15 @@ Choices where the notes leave one open or where the upstream description is wron
 
 from dataclasses import dataclass
 
-from adafuse.decode import _CHAR_SLACK, Proposal, build_pool, choose_winner, complete_words, score_candidates
+from adafuse.decode import (
+    _CHAR_SLACK,
+    Proposal,
+    build_pool,
+    choose_winner,
+    commit_winner,
+    complete_words,
+    score_candidates,
+)
 from adafuse.errors import ConfigError
 from adafuse.methods import METHODS, Method
 from adafuse.model import Member
@@ -148,18 +156,13 @@ def generate(
             score_candidates(m, k, pool, round_idx)
         fused, kept = fused_scores([[score.nll for score in c.scores] for c in pool], cfg)
         winner = choose_winner(fused)
-        best = pool[winner]
-        for k, m in enumerate(members):
-            m.commit(*best.homes[k], best.text)
-            m.check_invariant()
         if s.record:
             spans = [
                 SpanCandidate(c.text, c.eos, c.proposers, c.words, c.scores, keep, f)
                 for c, keep, f in zip(pool, kept, fused)
             ]
             s.record.steps.append(SpanRound(round_idx, spans, winner))
-        s.stats.words_per_round.append(best.words)
-        s.add(best.text, eos=best.eos)
+        commit_winner(members, s, pool[winner])
     return s.finish()
 
 
