@@ -9,6 +9,7 @@
 #   LIMIT=2 EXTRA="task.max_new_tokens=8" bash scripts/run_grid.sh   # a quicker one (EXTRA enters the run ids)
 #   METHODS="single adafuse" bash scripts/run_grid.sh          # a subset of the methods
 #   PARTS=table bash scripts/run_grid.sh                       # Table 1's runs only (PARTS=sweeps: the ablations)
+#   SWEEP_TASKS=nq bash scripts/run_grid.sh                    # the ablations on NQ only (default: nq gsm8k)
 #   JOB_CPUS=2 bash scripts/run_grid.sh                        # one job at a time, leaving a core free
 #   python scripts/make_table.py results/grid && python scripts/make_figures.py results/grid
 #
@@ -24,6 +25,7 @@ GEN_LIMIT=${LIMIT:-${GEN_LIMIT:-50}}  # GSM8K, FLORES En->De and De->En
 QA=nq,triviaqa,squad
 GEN=gsm8k,flores_en_de,flores_de_en
 PARTS=${PARTS:-"table sweeps"}
+SWEEP_TASKS=${SWEEP_TASKS:-"nq gsm8k"}
 RESULTS=${RESULTS:-results/grid}  # apart from results/<task>/..., where ordinary runs go
 
 # Two CPUs: two one-CPU jobs at a time, one torch thread each, 4 GB each (the pair peaks near 3 GB).
@@ -66,8 +68,8 @@ for slice in "$QA $QA_LIMIT" "$GEN $GEN_LIMIT"; do
 done
 
 if [[ " ${available[*]} " == *" adafuse "* && " $PARTS " == *" sweeps "* ]]; then
-    for slice in "nq $QA_LIMIT" "gsm8k $GEN_LIMIT"; do
-        read -r task limit <<<"$slice"
+    for task in $SWEEP_TASKS; do
+        case $task in nq | triviaqa | squad) limit=$QA_LIMIT ;; *) limit=$GEN_LIMIT ;; esac
         # The default run (τΔ 0.7, B 3, M 3, adaptive) is each sweep's middle point, from the grid above.
         multirun method=adafuse task="$task" task.limit="$limit" method.tau=0.1,0.3,0.5,0.9
         multirun method=adafuse task="$task" task.limit="$limit" method.branches=1,2,4,5
