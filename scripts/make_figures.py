@@ -10,9 +10,11 @@
     runtime.png          seconds per example by method, Figure 5    (each method's default run)
 
 A sweep of one knob is the AdaFuse runs whose other knobs are the defaults and whose run id holds
-nothing but method settings; the default run is every sweep's middle point. Accuracy is each task's
-primary metric (--metric paper: its paper_* replica), with bootstrap standard errors. A figure the
-results hold no runs for is skipped, with a line in the log.
+nothing but method settings; the default run is every sweep's middle point. The points of a sweep
+are scored on the examples all of them decoded (a default run over Table 1's 100 examples beside
+sweep points over the first 50 counts its first 50), and the CSV's n says how many. Accuracy is
+each task's primary metric (--metric paper: its paper_* replica), with bootstrap standard errors.
+A figure the results hold no runs for is skipped, with a line in the log.
 """
 
 import argparse
@@ -30,8 +32,10 @@ import pandas as pd  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
+
 from adafuse.config import AdaFuseConfig  # noqa: E402
-from eval.bootstrap import RESAMPLES, standard_error  # noqa: E402
+from eval.bootstrap import RESAMPLES, replicates, scores  # noqa: E402
 from eval.collect import Run, runs_of_pair, shared_settings  # noqa: E402
 
 log = logging.getLogger("make_figures")
@@ -60,20 +64,27 @@ def varies_only(run: Run, knob: str, shared: list[str]) -> bool:
     return all(run.metrics["method"].get(k) == v for k, v in DEFAULTS.items() if k != knob)
 
 
-def accuracy(run: Run, kind: str, resamples: int) -> dict:
-    name = run.metric_name(kind)
-    return {"metric": name, "value": run.metrics["metrics"][name], "se": standard_error(run, name, resamples)}
+def on_shared_examples(points: list[tuple[Run, dict]], kind: str, resamples: int) -> list[dict]:
+    """One row per (run, columns): the run's accuracy on the examples that every run of its task scored."""
+    rows = []
+    for task in dict.fromkeys(r.task for r, _ in points):
+        runs = [(r, columns) for r, columns in points if r.task == task]
+        common = set.intersection(*(set(r.ids) for r, _ in runs))
+        ids = [i for i in runs[0][0].ids if i in common]
+        for run, columns in runs:
+            name = run.metric_name(kind)
+            value = scores(run, name, ids, np.arange(len(ids))[None, :])[0]
+            se = float(np.std(replicates(run, name, ids, resamples), ddof=1))
+            rows.append({"task": task} | columns | {"n": len(ids), "metric": name, "value": value, "se": se})
+    return rows
 
 
 # ---- one function per figure: (the CSV's rows, a function that draws them) ------------------------
 
 
 def knob_sweep(runs: list[Run], knob: str, kind: str, resamples: int, shared: list[str]) -> pd.DataFrame:
-    rows = [
-        {"task": r.task, knob: r.metrics["method"][knob], "n": r.metrics["n"]} | accuracy(r, kind, resamples)
-        for r in runs
-        if varies_only(r, knob, shared)
-    ]
+    points = [(r, {knob: r.metrics["method"][knob]}) for r in runs if varies_only(r, knob, shared)]
+    rows = on_shared_examples(points, kind, resamples)
     return _swept(pd.DataFrame(rows), knob).sort_values(["task", knob]) if rows else pd.DataFrame()
 
 
@@ -90,12 +101,12 @@ def _metric_label(frame: pd.DataFrame) -> str:
 
 
 def fixed_words(runs: list[Run], kind: str, resamples: int, shared: list[str]) -> pd.DataFrame:
-    rows = []
+    points = []
     for r in runs:
         if varies_only(r, "fixed_words", shared):
             k = r.metrics["method"]["fixed_words"]
-            commitment = "adaptive" if k is None else f"fixed {k}"
-            rows.append({"task": r.task, "commitment": commitment, "n": r.metrics["n"]} | accuracy(r, kind, resamples))
+            points.append((r, {"commitment": "adaptive" if k is None else f"fixed {k}"}))
+    rows = on_shared_examples(points, kind, resamples)
     return _swept(pd.DataFrame(rows), "commitment").sort_values(["task", "commitment"]) if rows else pd.DataFrame()
 
 

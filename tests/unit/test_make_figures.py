@@ -43,3 +43,16 @@ def test_sweeps_become_figures_and_absent_ones_are_skipped(tmp_path):
         assert (figures / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     for name in ("branches", "max_words"):
         assert not (figures / f"{name}.png").exists() and f"{name}: skipped" in done.stderr
+
+
+def test_a_sweeps_points_are_scored_on_the_examples_all_of_them_decoded(tmp_path):
+    # The default run covers 20 examples (Table 1's slice), the sweep points the first 10.
+    write_run(tmp_path, "nq", "adafuse", pattern(10, 1) + [False] * 10)  # all 10 shared ones right
+    write_run(tmp_path, "nq", "adafuse", pattern(10, 2), "method.branches=1")
+    write_run(tmp_path, "nq", "adafuse", pattern(10, 5), "method.fixed_words=1")
+    make_figures(tmp_path)
+    branches = pd.read_csv(tmp_path / "figures" / "branches.csv")
+    assert list(branches["branches"]) == [1, 3] and list(branches["value"]) == [50.0, 100.0]
+    assert list(branches["n"]) == [10, 10]  # not the default run's 50.0 over its own 20
+    fixed = pd.read_csv(tmp_path / "figures" / "fixed_words.csv")
+    assert list(fixed["value"]) == [100.0, 20.0] and list(fixed["n"]) == [10, 10]
