@@ -7,8 +7,10 @@ every worker is waiting (or finished), the scheduler runs all waiting requests, 
 go to the same weights into one padded forward pass (`model.forward_together`), and wakes the
 workers. So a method is written once, in the order of its paper, and knows nothing of batching.
 
-A finished example's slot takes the next example at once (continuous batching), and a slot's
-members keep their cache, so the few-shot prefix that a task's examples share is not read again.
+A finished example's slot takes the next example at once (continuous batching), and a new example
+starts from the longest prefix that any slot has read (`PromptStore`), so the few-shot prefix that a
+task's examples share is read once. Consecutive greedy steps of the same examples (`single`, UniTE,
+DeePEn) read and grow one padded cache in place (`Resident`) instead of merging their caches anew.
 The scheduler waits for every worker before a pass, so which requests meet in a pass, and hence
 every result, does not depend on thread timing. Workers also take turns (`Scheduler.turn`): a
 tokenizer is not safe to call from two threads at once, and their Python work is serial anyway.
@@ -23,7 +25,7 @@ import psutil
 import torch
 
 from adafuse.errors import BatchMemoryError
-from adafuse.model import Member, forward_together
+from adafuse.model import Member, Resident, forward_together
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,8 @@ class Scheduler:
         self.passes = 0  # forward passes actually run
         self.rows = 0  # rows over those passes
         self.merged = 0  # passes that carried the requests of more than one example
+        self.resident: dict[int, Resident] = {}  # per weights: the last merged pass's cache, if it may serve the next
+        self.reused = 0  # merged passes that read the last one's cache in place
 
     def forward(self, member: Member, cache, input_ids: torch.Tensor, last_only: bool) -> torch.Tensor:
         """Called by a worker: block until the scheduler has run this pass."""
@@ -88,7 +92,7 @@ class Scheduler:
                 r = chunk[0]
                 results = [r.member.forward_alone(r.cache, r.input_ids, r.last_only)]
             else:
-                results = forward_together(chunk[0].member, [r.cache for r in chunk], [r.input_ids for r in chunk])
+                results = self._merged(chunk)
             for r, logits in zip(chunk, results):
                 r.result = logits
         except BaseException as err:  # the workers re-raise it; the run stops with the real error
@@ -99,6 +103,17 @@ class Scheduler:
         self.rows += sum(r.input_ids.shape[0] for r in chunk)
         for r in chunk:
             r.done.set()
+
+    def _merged(self, chunk: list[Request]) -> list[torch.Tensor]:
+        member = chunk[0].member
+        resident = self.resident.pop(id(member.model), None)  # a stale one is dropped: it holds memory
+        caches = [r.cache for r in chunk]
+        self.reused += resident is not None and resident.holds(caches)
+        committed = all(r.cache is r.member.cache for r in chunk)  # greedy steps, not forks (see Resident)
+        results, stays = forward_together(member, caches, [r.input_ids for r in chunk], resident, committed)
+        if stays is not None:
+            self.resident[id(member.model)] = stays
+        return results
 
     def _chunks(self, group: list[Request]) -> list[list[Request]]:
         """Split a group so that one merged pass (padded cache copies + logits) fits the memory budget."""
@@ -117,7 +132,7 @@ class Scheduler:
 
 
 def pass_bytes(requests: list[Request]) -> int:
-    """About the memory a merged pass takes: the padded cache, copied twice (merge and append), and the logits."""
+    """About the memory a merged pass takes: the padded cache, the copies its requests take back, and the logits."""
     member = requests[0].member
     rows = sum(r.input_ids.shape[0] for r in requests)
     longest = max(r.cache.get_seq_length() for r in requests)

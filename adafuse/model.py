@@ -88,6 +88,30 @@ class Reading:
     home: tuple["Rows", int]  # the fork row that holds its KV: commit(*home, text) adopts it
 
 
+class PromptStore:
+    """The KV of the last prompts that a member's clones read, shared by the clones: an example that
+    starts in one slot of a batch reuses the longest prefix any slot has read (a task's few-shot
+    prefix is read once, not once per slot)."""
+
+    def __init__(self, size: int = 2):
+        self.entries: list[tuple[list[int], DynamicCache]] = []
+        self.size = size
+
+    def longest_prefix(self, ids: list[int], own_ids: list[int], own_cache) -> tuple[int, DynamicCache | None]:
+        """(length, cache) of the longest prefix of `ids` held by the context `own_ids` or a stored prompt."""
+        best = (common_prefix(own_ids, ids), own_cache)
+        for stored_ids, cache in self.entries:
+            best = max(best, (common_prefix(stored_ids, ids), cache), key=lambda b: b[0])
+        return best
+
+    def add(self, ids: list[int], cache: DynamicCache) -> None:
+        # A cache object of its own, as a forward pass replaces its layers' tensors. Their filled
+        # positions are never written again, so sharing them is safe; a view into a merged pass's
+        # buffer is copied so that a stored prompt does not keep every other row of the buffer alive.
+        self.entries = [(ids, _derive(cache, lambda t: t.clone() if t._base is not None else t))] + self.entries
+        del self.entries[self.size :]
+
+
 class Member:
     def __init__(self, name: str, tokenizer, model, chat_template: bool = False):
         self.name = name
@@ -115,6 +139,7 @@ class Member:
         self.anchor = 0  # where the last committed word starts in `ids`: a cut-back never reaches before it
         self.mask_control = True
         self.scheduler = None  # adafuse/batching.py merges this member's forward passes with other examples'
+        self.prompts = PromptStore()  # shared by all clones (see `start`)
         self.forward_passes = 0
         self.tokens_fed = 0
 
@@ -221,15 +246,14 @@ class Member:
         ids = self.prompt_ids(prompt, reserve)
         self.mask_control = mask_control
         self.prompt_text = self.render(prompt)
-        keep = min(common_prefix(self.ids, ids), len(ids) - 1)  # re-read >= 1 token for its logits
-        if keep == 0:
-            self.cache = DynamicCache()
-        else:
-            self.cache = _derive(self.cache, lambda t: t[:, :, :keep])
+        keep, source = self.prompts.longest_prefix(ids, self.ids, self.cache)
+        keep = min(keep, len(ids) - 1)  # re-read >= 1 token for its logits
+        self.cache = DynamicCache() if keep == 0 else _derive(source, lambda t: t[:, :, :keep])
         self.ids = ids[:keep]
         self.prompt_len = len(ids)
         self.text = ""
         self.feed(ids[keep:])
+        self.prompts.add(ids, self.cache)
         # A cut-back may re-read the prompt's last word, but never a control token (a chat template's
         # markers) and never the first token, whose logits nothing computes.
         after_control = max((i + 1 for i, t in enumerate(ids) if t in self.control_ids), default=0)
@@ -382,16 +406,76 @@ class Member:
         return 2 * text.num_hidden_layers * heads * head_dim * self.model.dtype.itemsize
 
 
+class ReservedLayer(DynamicLayer):
+    """A merged pass's cache layer: a buffer with room to grow, into which new tokens are written in place.
+
+    `DynamicLayer.update` concatenates, which copies the whole layer at every pass; this writes only
+    the new positions. `keys` and `values` are views of the filled positions. Positions before a
+    row's own context are zeros (left padding): masked keys get no weight, and zero values keep
+    0 * value finite.
+    """
+
+    def __init__(self, like: torch.Tensor, rows: int, room: int):
+        super().__init__()
+        self.lazy_initialization(like, like)
+        shape = (rows, like.shape[1], room, like.shape[3])
+        self.key_buffer, self.value_buffer = like.new_zeros(shape), like.new_zeros(shape)
+        self.length = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        end = self.length + key_states.shape[2]
+        if end > self.key_buffer.shape[2]:
+            more = (0, 0, 0, end + max(64, end // 4) - self.length)
+            self.key_buffer = torch.nn.functional.pad(self.key_buffer[:, :, : self.length], more)
+            self.value_buffer = torch.nn.functional.pad(self.value_buffer[:, :, : self.length], more)
+        self.key_buffer[:, :, self.length : end] = key_states
+        self.value_buffer[:, :, self.length : end] = value_states
+        self.fill(end)
+        return self.keys, self.values
+
+    def fill(self, length: int) -> None:
+        self.length = length
+        self.keys, self.values = self.key_buffer[:, :, :length], self.value_buffer[:, :, :length]
+
+
+@dataclass
+class Resident:
+    """The padded cache of a merged pass that may serve the next pass as it is.
+
+    Kept when every request was one model's committed context, one row, and read as many tokens as
+    the others (a greedy step of each example in flight): each request's cache is then a view of its
+    row, and the next pass over exactly these caches, unmoved, finds them laid out as a fresh merge
+    would lay them out. Forks are never kept this way: their rows wait for a commit, and a view
+    would keep the whole buffer, every example's rows, alive for as long as the longest wait.
+    """
+
+    caches: list[DynamicCache]
+    merged: DynamicCache
+    views: list[torch.Tensor]  # each cache's first-layer keys as handed back
+
+    def holds(self, caches: list[DynamicCache]) -> bool:
+        return len(caches) == len(self.caches) and all(
+            c is mine and c.layers[0].keys is view for c, mine, view in zip(caches, self.caches, self.views)
+        )
+
+
 @torch.inference_mode()
-def forward_together(member: Member, caches: list[DynamicCache], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """One forward pass over the rows of several requests to the same weights; the logits of each.
+def forward_together(
+    member: Member,
+    caches: list[DynamicCache],
+    inputs: list[torch.Tensor],
+    resident: Resident | None = None,
+    may_stay: bool = False,
+) -> tuple[list[torch.Tensor], Resident | None]:
+    """One forward pass over the rows of several requests to the same weights: the logits of each, and
+    the pass's cache where it may stay resident for the next pass (`may_stay`: every request is a
+    model's committed context; see `Resident`).
 
     Request j has a cache of length L_j (rows b_j) and inputs (b_j, n_j). Caches are left-padded to
     the longest, inputs right-padded; the attention mask hides the padding and the position ids are
     each row's own (L_j, L_j + 1, ...), so every row sees exactly its own context. Left padding shifts
     a row's keys and queries alike, so a sliding window (Gemma 3) keeps its true extent. Afterwards
-    each request's cache holds its own rows and new tokens (copied out of the merged tensors), as if
-    it had been read alone.
+    each request's cache holds its own rows and new tokens, as if it had been read alone.
     """
     lengths = [c.get_seq_length() for c in caches]
     longest, width = max(lengths), max(x.shape[1] for x in inputs)
@@ -405,31 +489,42 @@ def forward_together(member: Member, caches: list[DynamicCache], inputs: list[to
         positions[row : row + x.shape[0]] = torch.arange(length, length + width, device=device)
         row += x.shape[0]
 
-    def left_padded(tensors: list[torch.Tensor]) -> torch.Tensor:  # each (b_j, heads, L_j, head_dim)
-        return torch.cat([torch.nn.functional.pad(t, (0, 0, longest - t.shape[2], 0)) for t in tensors])
-
-    merged = DynamicCache()
-    for layer in range(len(caches[0].layers)):
-        keys = left_padded([c.layers[layer].keys for c in caches])
-        values = left_padded([c.layers[layer].values for c in caches])
-        merged_layer = DynamicLayer()
-        merged_layer.lazy_initialization(keys, values)
-        merged_layer.keys, merged_layer.values = keys, values
-        merged.layers.append(merged_layer)
+    merged = resident.merged if resident is not None and resident.holds(caches) else _merge(caches, longest, width)
     out = member.model(
         input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{member._cache_arg: merged}
     )
+    stays = may_stay and all(x.shape == (1, width) for x in inputs)
     logits, results, row = out.logits.float(), [], 0
     for cache, length, x in zip(caches, lengths, inputs):
         rows, span = slice(row, row + x.shape[0]), slice(longest - length, longest + x.shape[1])
-        # Copies, not views: a view would keep the whole padded merged cache alive for as long as any
-        # one request keeps its cache (a scored candidate waits for the commit), and on GSM8K with 8
-        # examples in flight those merged caches reached 11 GB.
         for own, new in zip(cache.layers, merged.layers):
-            own.keys, own.values = new.keys[rows, :, span].clone(), new.values[rows, :, span].clone()
+            own.keys, own.values = new.keys[rows, :, span], new.values[rows, :, span]
+            if not stays:
+                # Copies: a view would keep the whole padded merged cache alive for as long as any one
+                # request keeps its cache (a scored candidate waits for the commit), and on GSM8K with
+                # 8 examples in flight those merged caches reached 11 GB.
+                own.keys, own.values = own.keys.clone(), own.values.clone()
         results.append(logits[rows, : x.shape[1]])
         row += x.shape[0]
-    return results
+    return results, Resident(list(caches), merged, [c.layers[0].keys for c in caches]) if stays else None
+
+
+def _merge(caches: list[DynamicCache], longest: int, width: int) -> DynamicCache:
+    """The caches left-padded to `longest` and stacked, with room for this pass and some steps after it."""
+    merged = DynamicCache()
+    for layer in range(len(caches[0].layers)):
+        own = [c.layers[layer] for c in caches]
+        rows = sum(o.keys.shape[0] for o in own)
+        stacked = ReservedLayer(own[0].keys, rows, longest + width + 64)
+        row = 0
+        for o in own:
+            n, length = o.keys.shape[0], o.keys.shape[2]
+            stacked.key_buffer[row : row + n, :, longest - length : longest] = o.keys
+            stacked.value_buffer[row : row + n, :, longest - length : longest] = o.values
+            row += n
+        stacked.fill(longest)
+        merged.layers.append(stacked)
+    return merged
 
 
 class Rows:

@@ -206,6 +206,7 @@ def decode_suite(ens: Ensemble, cases: list, method: str, options: dict, batch_s
         "examples_per_second": len(cases) / seconds,
         "merged_passes": scheduler.passes,
         "rows_per_pass": scheduler.rows / max(scheduler.passes, 1),
+        "passes_in_place": scheduler.reused,
         "peak_memory_gb": memory.peak / 1024**3,
     }
 

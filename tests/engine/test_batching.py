@@ -46,6 +46,8 @@ def test_batched_predictions_equal_unbatched_ones(tiny, shared_data, method, opt
         assert gen.stats.forward_passes == alone[i].stats.forward_passes
     assert sorted(finished) == list(range(len(cases)))
     assert scheduler.merged > 0  # passes did carry several examples' rows
+    if method == "single":  # greedy steps of the same examples read the last pass's cache in place
+        assert scheduler.reused > 0
 
 
 def test_decode_batch_returns_results_in_prompt_order(tiny):
@@ -63,7 +65,8 @@ def test_a_merged_pass_equals_separate_passes(tiny):
         long.start("The quick brown fox jumps over the lazy dog. " * 20)
         rows_a, rows_b = short.fork(2), long.fork(1)
         inputs = [torch.tensor([[5, 6, 7], [8, 9, 10]]), torch.tensor([[11]])]
-        merged = forward_together(member, [rows_a.cache, rows_b.cache], inputs)
+        merged, resident = forward_together(member, [rows_a.cache, rows_b.cache], inputs)
+        assert resident is None  # forks' rows are copied out, never left as views of the merged cache
         fresh_a, fresh_b = short.fork(2), long.fork(1)
         separate = [member.forward_alone(fresh_a.cache, inputs[0]), member.forward_alone(fresh_b.cache, inputs[1])]
         for got, want in zip(merged, separate):
@@ -79,3 +82,47 @@ def test_a_pass_that_cannot_fit_is_a_named_error(tiny):
     prompts = ["Question: What is the capital of France?\nAnswer:"] * 2
     with pytest.raises(BatchMemoryError, match="MiB"):
         tiny.decode_batch(prompts, batch_size=2, max_new_tokens=4, scheduler=Scheduler(memory_budget=1 << 20))
+
+
+def test_greedy_steps_read_the_resident_cache_in_place(tiny):
+    """Consecutive greedy steps of the same examples: the second pass reads the first one's padded
+    cache as it is (no merge), and logits and caches still equal separate passes."""
+    member = tiny.members[0]
+    short, long = clone(member), clone(member)
+    short.start("Hello there")
+    long.start("The quick brown fox jumps over the lazy dog. " * 20)
+    alone_short, alone_long = clone(member), clone(member)
+    alone_short.start("Hello there")
+    alone_long.start("The quick brown fox jumps over the lazy dog. " * 20)
+    resident = None
+    for step in ([[5]], [[6]]), ([[7]], [[8]]), ([[9]], [[10, 11]]):
+        inputs = [torch.tensor(x) for x in step]
+        merged = resident.merged if resident is not None else None
+        got, resident = forward_together(member, [short.cache, long.cache], inputs, resident, may_stay=True)
+        if merged is not None and inputs[1].shape[1] == 1:
+            assert resident.merged is merged  # read in place, grown by one position
+        want = [
+            alone_short.forward_alone(alone_short.cache, inputs[0]),
+            alone_long.forward_alone(alone_long.cache, inputs[1]),
+        ]
+        for g, w in zip(got, want):
+            assert torch.allclose(g, w, atol=1e-3)
+        for mine, alone in [(short.cache, alone_short.cache), (long.cache, alone_long.cache)]:
+            assert mine.get_seq_length() == alone.get_seq_length()
+            for g, w in zip(mine.layers, alone.layers):
+                assert torch.allclose(g.keys, w.keys, atol=1e-3) and torch.allclose(g.values, w.values, atol=1e-3)
+    assert resident is None  # the last step read 1 and 2 tokens: its rows are padded and not kept
+
+
+def test_a_moved_cache_is_merged_again(tiny):
+    member = tiny.members[0]
+    a, b = clone(member), clone(member)
+    a.start("Hello there")
+    b.start("General Kenobi, you are a bold one")
+    _, resident = forward_together(
+        member, [a.cache, b.cache], [torch.tensor([[5]]), torch.tensor([[6]])], may_stay=True
+    )
+    assert resident is not None and resident.holds([a.cache, b.cache])
+    a.cache.crop(-1)  # a rollback replaces the view: the resident layout no longer matches
+    assert not resident.holds([a.cache, b.cache])
+    assert not resident.holds([b.cache, a.cache])
