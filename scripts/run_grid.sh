@@ -10,6 +10,7 @@
 #   METHODS="single adafuse" bash scripts/run_grid.sh          # a subset of the methods
 #   PARTS=table bash scripts/run_grid.sh                       # Table 1's runs only (PARTS=sweeps: the ablations)
 #   SWEEP_TASKS=nq bash scripts/run_grid.sh                    # the ablations on NQ only (default: nq gsm8k)
+#   SWEEP_LIMIT=50 TAUS=0.3,0.9 BRANCHES=1,5 bash scripts/run_grid.sh   # shorter, sparser sweeps
 #   JOB_CPUS=2 bash scripts/run_grid.sh                        # one job at a time, leaving a core free
 #   python scripts/make_table.py results/grid && python scripts/make_figures.py results/grid
 #
@@ -26,6 +27,11 @@ QA=nq,triviaqa,squad
 GEN=gsm8k,flores_en_de,flores_de_en
 PARTS=${PARTS:-"table sweeps"}
 SWEEP_TASKS=${SWEEP_TASKS:-"nq gsm8k"}
+# The values each sweep adds to the default run (τΔ 0.7, B 3, M 3, adaptive), its middle point.
+TAUS=${TAUS:-0.1,0.3,0.5,0.9}
+BRANCHES=${BRANCHES:-1,2,4,5}
+MAX_WORDS=${MAX_WORDS:-1,2,4}
+FIXED_WORDS=${FIXED_WORDS:-1,2,3}
 RESULTS=${RESULTS:-results/grid}  # apart from results/<task>/..., where ordinary runs go
 
 # Two CPUs: two one-CPU jobs at a time, one torch thread each, 4 GB each (the pair peaks near 3 GB).
@@ -70,11 +76,13 @@ done
 if [[ " ${available[*]} " == *" adafuse "* && " $PARTS " == *" sweeps "* ]]; then
     for task in $SWEEP_TASKS; do
         case $task in nq | triviaqa | squad) limit=$QA_LIMIT ;; *) limit=$GEN_LIMIT ;; esac
-        # The default run (τΔ 0.7, B 3, M 3, adaptive) is each sweep's middle point, from the grid above.
-        multirun method=adafuse task="$task" task.limit="$limit" method.tau=0.1,0.3,0.5,0.9
-        multirun method=adafuse task="$task" task.limit="$limit" method.branches=1,2,4,5
-        multirun method=adafuse task="$task" task.limit="$limit" method.max_words=1,2,4
-        multirun method=adafuse task="$task" task.limit="$limit" method.fixed_words=1,2,3
+        # A shorter SWEEP_LIMIT compares every point, the default run's too, on the first examples
+        # (scripts/make_figures.py scores a sweep on the examples all its points decoded).
+        limit=${SWEEP_LIMIT:-$limit}
+        multirun method=adafuse task="$task" task.limit="$limit" method.tau="$TAUS"
+        multirun method=adafuse task="$task" task.limit="$limit" method.branches="$BRANCHES"
+        multirun method=adafuse task="$task" task.limit="$limit" method.max_words="$MAX_WORDS"
+        multirun method=adafuse task="$task" task.limit="$limit" method.fixed_words="$FIXED_WORDS"
     done
 fi
 
