@@ -174,6 +174,8 @@ def decode_many(
             outcome = decode(slot, item)
         except BaseException as err:
             error = err
+        for member in filter(None, slot):
+            member.release()
         scheduler.turn.release()
         with scheduler.lock:
             finished.append((item, outcome, slot, error))

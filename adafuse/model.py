@@ -151,6 +151,11 @@ class Member:
         twin.reset_counters()
         return twin
 
+    def release(self) -> None:
+        """Drop the context and its cache (a finished example's slot in a batch: its cache may be a view
+        that keeps a merged buffer alive, and the next example takes its prefix from `prompts`)."""
+        self.ids, self.cache, self.logprobs = [], None, None
+
     def _eos_ids(self) -> frozenset[int]:
         """The tokenizer's eos id plus any in the generation config (spec §4)."""
         ids = {self.tokenizer.eos_token_id}

@@ -56,3 +56,10 @@ def test_a_sweeps_points_are_scored_on_the_examples_all_of_them_decoded(tmp_path
     assert list(branches["n"]) == [10, 10]  # not the default run's 50.0 over its own 20
     fixed = pd.read_csv(tmp_path / "figures" / "fixed_words.csv")
     assert list(fixed["value"]) == [100.0, 20.0] and list(fixed["n"]) == [10, 10]
+
+
+def test_the_runtime_figure_can_be_limited_to_some_tasks(tmp_path):
+    write_run(tmp_path, "nq", "adafuse", pattern(4, 2))
+    write_run(tmp_path, "gsm8k", "adafuse", pattern(4, 2))
+    make_figures(tmp_path, "--runtime-tasks", "nq")
+    assert list(pd.read_csv(tmp_path / "figures" / "runtime.csv")["task"]) == ["nq"]
