@@ -70,7 +70,7 @@ class Gain:
     points: float  # a - b
     points_ci: tuple[float, float]
     relative: float | None  # 100 * (a - b) / b, as the paper's gain row; None where b is 0
-    relative_ci: tuple[float, float] | None
+    relative_ci: tuple[float, float] | None  # None also where b is 0 in some resample
 
 
 def paired_gain(comparisons: Sequence[tuple[Run, Run, str]], count: int = RESAMPLES) -> Gain | None:
@@ -89,10 +89,9 @@ def paired_gain(comparisons: Sequence[tuple[Run, Run, str]], count: int = RESAMP
         n += len(ids)
     a_value, b_value = float(np.mean(a_point)), float(np.mean(b_point))
     a_rep, b_rep = np.mean(a_draws, axis=0), np.mean(b_draws, axis=0)
-    relative, relative_ci = None, None
-    if b_value != 0 and np.all(b_rep != 0):
-        relative = 100 * (a_value - b_value) / b_value
-        relative_ci = _interval(100 * (a_rep - b_rep) / b_rep)
+    relative = 100 * (a_value - b_value) / b_value if b_value != 0 else None
+    # A resample where b scores 0 has no relative gain: no interval then (a few correct answers out of 50).
+    relative_ci = _interval(100 * (a_rep - b_rep) / b_rep) if relative is not None and np.all(b_rep != 0) else None
     return Gain(n, a_value, b_value, a_value - b_value, _interval(a_rep - b_rep), relative, relative_ci)
 
 

@@ -173,6 +173,8 @@ def gain_text(gain: Gain | None, relative: bool) -> str:
     if relative:
         if gain.relative is None:
             return "n/a (best is 0)"
+        if gain.relative_ci is None:
+            return f"{gain.relative:+.1f}% [no interval: best is 0 in some resamples]"
         return f"{gain.relative:+.1f}% [{gain.relative_ci[0]:+.1f}, {gain.relative_ci[1]:+.1f}]"
     return f"{gain.points:+.1f} [{gain.points_ci[0]:+.1f}, {gain.points_ci[1]:+.1f}]"
 

@@ -81,6 +81,16 @@ def test_the_paired_interval_excludes_zero_when_adafuse_wins_on_the_same_example
     assert table[("smollm2_135m", "nq")]["value"] == "40.0" and table[("gemma3_270m", "nq")]["value"] == "25.0"
 
 
+def test_a_relative_gain_over_a_best_that_some_resamples_score_0_has_no_interval(tmp_path):
+    write_run(tmp_path, "nq", "adafuse", pattern(20, 10))  # 2 right of 20
+    write_run(tmp_path, "nq", "single", [k == 0 for k in range(20)])  # 1 right: 0 in about a third of resamples
+    write_run(tmp_path, "nq", "single", [False] * 20, "method.member=1")
+    gain = make_table(tmp_path)[("AdaFuse gain vs best single model", "nq")]
+    assert float(gain["relative"]) == pytest.approx(100.0)
+    assert gain["relative_ci_low"] == gain["relative_ci_high"] == ""
+    assert "+100.0% [no interval: best is 0 in some resamples]" in (tmp_path / "table1.md").read_text()
+
+
 def test_a_corpus_metric_is_resampled_whole_and_keeps_its_value(tmp_path):
     run = write_run(tmp_path, "flores_de_en", "adafuse", pattern(40, 2))  # half the references, half "no idea"
     cell = make_table(tmp_path, "--resamples", "200")[("adafuse", "flores_de_en")]
