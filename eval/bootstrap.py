@@ -49,9 +49,14 @@ def replicates(run: Run, name: str, ids: Sequence[str], count: int = RESAMPLES) 
 _REPLICATES: dict[tuple, np.ndarray] = {}
 
 
-def standard_error(run: Run, name: str, count: int = RESAMPLES) -> float:
-    """Bootstrap standard error of the run's metric over its own examples."""
-    return float(np.std(replicates(run, name, run.ids, count), ddof=1))
+def value_on(run: Run, name: str, ids: Sequence[str]) -> float:
+    """The run's metric `name` on the examples `ids` alone."""
+    return float(scores(run, name, ids, np.arange(len(ids))[None, :])[0])
+
+
+def standard_error(run: Run, name: str, count: int = RESAMPLES, ids: Sequence[str] | None = None) -> float:
+    """Bootstrap standard error of the run's metric over `ids` (default: its own examples)."""
+    return float(np.std(replicates(run, name, run.ids if ids is None else ids, count), ddof=1))
 
 
 def shared_ids(a: Run, b: Run) -> list[str]:
@@ -81,9 +86,8 @@ def paired_gain(comparisons: Sequence[tuple[Run, Run, str]], count: int = RESAMP
         ids = shared_ids(a, b)
         if not ids:
             return None
-        whole = np.arange(len(ids))[None, :]
-        a_point.append(scores(a, name, ids, whole)[0])
-        b_point.append(scores(b, name, ids, whole)[0])
+        a_point.append(value_on(a, name, ids))
+        b_point.append(value_on(b, name, ids))
         a_draws.append(replicates(a, name, ids, count))
         b_draws.append(replicates(b, name, ids, count))
         n += len(ids)

@@ -32,10 +32,8 @@ import pandas as pd  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-
 from adafuse.config import AdaFuseConfig  # noqa: E402
-from eval.bootstrap import RESAMPLES, replicates, scores  # noqa: E402
+from eval.bootstrap import RESAMPLES, standard_error, value_on  # noqa: E402
 from eval.collect import Run, runs_of_pair, shared_settings  # noqa: E402
 
 log = logging.getLogger("make_figures")
@@ -73,8 +71,7 @@ def on_shared_examples(points: list[tuple[Run, dict]], kind: str, resamples: int
         ids = [i for i in runs[0][0].ids if i in common]
         for run, columns in runs:
             name = run.metric_name(kind)
-            value = scores(run, name, ids, np.arange(len(ids))[None, :])[0]
-            se = float(np.std(replicates(run, name, ids, resamples), ddof=1))
+            value, se = value_on(run, name, ids), standard_error(run, name, resamples, ids)
             rows.append({"task": task} | columns | {"n": len(ids), "metric": name, "value": value, "se": se})
     return rows
 
