@@ -9,7 +9,8 @@ workers. So a method is written once, in the order of its paper, and knows nothi
 
 A finished example's slot takes the next example at once (continuous batching), and a new example
 starts from the longest prefix that any slot has read (`PromptStore`), so the few-shot prefix that a
-task's examples share is read once. Consecutive greedy steps of the same examples (`single`, UniTE,
+task's examples share is read once: prompts waiting in the same round are read one after another,
+each from what the ones before it read. Consecutive greedy steps of the same examples (`single`, UniTE,
 DeePEn) read and grow one padded cache in place (`Resident`) instead of merging their caches anew.
 The scheduler waits for every worker before a pass, so which requests meet in a pass, and hence
 every result, does not depend on thread timing. Workers also take turns (`Scheduler.turn`): a
@@ -34,16 +35,17 @@ log = logging.getLogger(__name__)
 class Request:
     member: Member
     cache: object
-    input_ids: torch.Tensor
+    input_ids: torch.Tensor | None
     last_only: bool
+    prompt: list[int] | None = None  # a prompt to read (`Member.read_prompt`) instead of input_ids
     done: threading.Event = field(default_factory=threading.Event)
     result: torch.Tensor | None = None
     error: BaseException | None = None
 
     @property
     def mergeable(self) -> bool:
-        # A prompt read for its last logits alone stays alone: merged with others it would need the
-        # logits of every position (gigabytes with a 262k vocabulary). An empty cache has no layers to pad.
+        # Several ids read for their last logits alone stay alone: merged with others they would need
+        # the logits of every position (gigabytes with a 262k vocabulary). An empty cache has no layers to pad.
         return not (self.last_only and self.input_ids.shape[1] > 1) and self.cache.get_seq_length() > 0
 
 
@@ -64,7 +66,9 @@ class Scheduler:
 
     def forward(self, member: Member, cache, input_ids: torch.Tensor, last_only: bool) -> torch.Tensor:
         """Called by a worker: block until the scheduler has run this pass."""
-        request = Request(member, cache, input_ids, last_only)
+        return self._wait(Request(member, cache, input_ids, last_only))
+
+    def _wait(self, request: Request) -> torch.Tensor:
         with self.lock:
             self.waiting.append(request)
             self.lock.notify_all()
@@ -75,12 +79,22 @@ class Scheduler:
             raise request.error
         return request.result
 
+    def read_prompt(self, member: Member, ids: list[int]) -> torch.Tensor:
+        """Called by a worker: block until the scheduler has read this prompt into the member's cache."""
+        return self._wait(Request(member, None, None, True, prompt=ids))
+
     def run_waiting(self) -> None:
-        """Run every waiting request: one merged pass per weights, split where memory requires."""
+        """Run every waiting request: the prompts one by one, each reusing what the ones before it read
+        (examples that start together share their few-shot prefix); the rest in one merged pass per
+        weights, split where memory requires."""
         requests, self.waiting = self.waiting, []
+        prompts = [r for r in requests if r.prompt is not None]
+        for r in sorted(prompts, key=lambda r: (r.member.name, r.prompt)):  # an order independent of thread timing
+            self._run([r])
         groups: dict[tuple[int, bool], list[Request]] = {}
         for r in requests:
-            groups.setdefault((id(r.member.model), r.mergeable), []).append(r)
+            if r.prompt is None:
+                groups.setdefault((id(r.member.model), r.mergeable), []).append(r)
         for (_, mergeable), group in groups.items():
             chunks = self._chunks(group) if mergeable else [[r] for r in group]
             for chunk in chunks:
@@ -88,8 +102,10 @@ class Scheduler:
 
     def _run(self, chunk: list[Request]) -> None:
         try:
-            if len(chunk) == 1:
-                r = chunk[0]
+            r = chunk[0]
+            if r.prompt is not None:
+                results = [r.member.read_prompt(r.prompt)]
+            elif len(chunk) == 1:
                 results = [r.member.forward_alone(r.cache, r.input_ids, r.last_only)]
             else:
                 results = self._merged(chunk)
@@ -100,7 +116,7 @@ class Scheduler:
                 r.error = err
         self.passes += 1
         self.merged += len(chunk) > 1
-        self.rows += sum(r.input_ids.shape[0] for r in chunk)
+        self.rows += sum(1 if r.prompt is not None else r.input_ids.shape[0] for r in chunk)
         for r in chunk:
             r.done.set()
 

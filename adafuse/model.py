@@ -91,9 +91,10 @@ class Reading:
 class PromptStore:
     """The KV of the last prompts that a member's clones read, shared by the clones: an example that
     starts in one slot of a batch reuses the longest prefix any slot has read (a task's few-shot
-    prefix is read once, not once per slot)."""
+    prefix is read once, not once per slot). Four prompts: examples of two or three tasks in flight
+    at once (a mixed queue, as the benchmark's) each keep their task's prefix."""
 
-    def __init__(self, size: int = 2):
+    def __init__(self, size: int = 4):
         self.entries: list[tuple[list[int], DynamicCache]] = []
         self.size = size
 
@@ -251,18 +252,35 @@ class Member:
         ids = self.prompt_ids(prompt, reserve)
         self.mask_control = mask_control
         self.prompt_text = self.render(prompt)
-        keep, source = self.prompts.longest_prefix(ids, self.ids, self.cache)
-        keep = min(keep, len(ids) - 1)  # re-read >= 1 token for its logits
-        self.cache = DynamicCache() if keep == 0 else _derive(source, lambda t: t[:, :, :keep])
-        self.ids = ids[:keep]
         self.prompt_len = len(ids)
         self.text = ""
-        self.feed(ids[keep:])
-        self.prompts.add(ids, self.cache)
+        if self.scheduler is not None:  # it reads the prompt when the pass runs (see `read_prompt`)
+            logits = self.scheduler.read_prompt(self, ids)
+        else:
+            logits = self.read_prompt(ids)
+        self.ids = list(ids)
+        self.logprobs = self._log_softmax(logits[0, -1])
         # A cut-back may re-read the prompt's last word, but never a control token (a chat template's
         # markers) and never the first token, whose logits nothing computes.
         after_control = max((i + 1 for i, t in enumerate(ids) if t in self.control_ids), default=0)
         self.anchor = self._last_word_start(max(after_control, 1))
+
+    def read_prompt(self, ids: list[int]) -> torch.Tensor:
+        """Make the cache that of `ids`, reading only what no stored prompt or the own context holds;
+        returns the last position's logits and stores the prompt for the next one (`prompts`).
+
+        A scheduler calls this for a batch's waiting prompts one after another, when the pass runs,
+        so that examples that start together share their prefix too.
+        """
+        keep, source = self.prompts.longest_prefix(ids, self.ids, self.cache)
+        keep = min(keep, len(ids) - 1)  # re-read >= 1 token for its logits
+        self.cache = DynamicCache() if keep == 0 else _derive(source, lambda t: t[:, :, :keep])
+        self.ids = ids[:keep]
+        self.forward_passes += 1
+        self.tokens_fed += len(ids) - keep
+        logits = self.forward_alone(self.cache, torch.tensor([ids[keep:]], device=self.device), last_only=True)
+        self.prompts.add(ids, self.cache)
+        return logits
 
     def feed(self, ids: list[int]) -> None:
         """Append ids to the committed context and read them."""
@@ -416,15 +434,16 @@ class ReservedLayer(DynamicLayer):
 
     `DynamicLayer.update` concatenates, which copies the whole layer at every pass; this writes only
     the new positions. `keys` and `values` are views of the filled positions. Positions before a
-    row's own context are zeros (left padding): masked keys get no weight, and zero values keep
-    0 * value finite.
+    row's own context must be zeros (left padding, written by `_merge`): masked keys get no weight,
+    and zero values keep 0 * value finite. The room after the filled positions is never read before
+    a pass writes it, so it is left unset (zeroing it cost as much as the copies).
     """
 
     def __init__(self, like: torch.Tensor, rows: int, room: int):
         super().__init__()
         self.lazy_initialization(like, like)
         shape = (rows, like.shape[1], room, like.shape[3])
-        self.key_buffer, self.value_buffer = like.new_zeros(shape), like.new_zeros(shape)
+        self.key_buffer, self.value_buffer = like.new_empty(shape), like.new_empty(shape)
         self.length = 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -524,8 +543,9 @@ def _merge(caches: list[DynamicCache], longest: int, width: int) -> DynamicCache
         row = 0
         for o in own:
             n, length = o.keys.shape[0], o.keys.shape[2]
-            stacked.key_buffer[row : row + n, :, longest - length : longest] = o.keys
-            stacked.value_buffer[row : row + n, :, longest - length : longest] = o.values
+            for buffer, own_tensor in ((stacked.key_buffer, o.keys), (stacked.value_buffer, o.values)):
+                buffer[row : row + n, :, : longest - length] = 0
+                buffer[row : row + n, :, longest - length : longest] = own_tensor
             row += n
         stacked.fill(longest)
         merged.layers.append(stacked)

@@ -7,7 +7,7 @@ import torch
 from adafuse.batching import Scheduler, decode_many
 from adafuse.ensemble import resolve_method
 from adafuse.errors import BatchMemoryError
-from adafuse.model import forward_together
+from adafuse.model import PromptStore, forward_together
 
 from .helpers import clone
 
@@ -48,6 +48,24 @@ def test_batched_predictions_equal_unbatched_ones(tiny, shared_data, method, opt
     assert scheduler.merged > 0  # passes did carry several examples' rows
     if method == "single":  # greedy steps of the same examples read the last pass's cache in place
         assert scheduler.reused > 0
+
+
+def test_examples_that_start_together_read_the_few_shot_prefix_once(tiny, shared_data):
+    nq = (shared_data / "adafuse_local_datasets/NaturalQuestions/dev/nq_prompt.txt").read_text()
+    questions = ["who wrote hamlet", "where is the eiffel tower", "when did ww2 end", "what is the capital of peru"]
+    prompts = [nq + f"\n\nQuestion: {q}\nAnswer:" for q in questions]
+    member = clone(tiny.members[0])
+    member.prompts = PromptStore()  # cold: nothing read before this batch
+    spec, cfg = resolve_method("single", {"member": 0})
+    decoded = dict(
+        decode_many([member], range(4), lambda slot, i: spec.generate(slot, prompts[i], cfg, max_new_tokens=3), 4)
+    )
+    prefix = len(member.encode(nq))
+    fed = sorted(decoded[i].stats.tokens_fed[0] for i in range(4))
+    assert fed[-1] > prefix  # one example read the prefix...
+    assert all(f < 20 for f in fed[:-1])  # ...and the others only their question and answer
+    for i, gen in decoded.items():
+        assert gen.text == tiny.decode(prompts[i], method="single", member=0, max_new_tokens=3).text
 
 
 def test_decode_batch_returns_results_in_prompt_order(tiny):
