@@ -17,6 +17,9 @@ Prints a table and writes the figures to results/bench/decode.json.
 """
 
 import argparse
+import ctypes
+import ctypes.util
+import gc
 import json
 import platform
 import resource
@@ -39,6 +42,8 @@ from conf.schema import DataConf  # noqa: E402
 from eval.tasks import BESIDE_CHECKOUT, Task  # noqa: E402
 from tests.engine import reference  # noqa: E402
 from tests.harness import compose_run  # noqa: E402
+
+LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if sys.platform == "linux" else None
 
 # (task, prompts, token budget): real prompts, as the harness builds them.
 SUITE = [("nq", 8, 32), ("triviaqa", 4, 32), ("squad", 4, 32), ("gsm8k", 4, 96), ("flores_de_en", 4, 64)]
@@ -168,9 +173,16 @@ def compare_with_reference(ens: Ensemble, data_dir: Path, count: int, budget: in
 
 
 class PeakMemory:
-    """The highest resident memory above the start, sampled every 50 ms while the block runs."""
+    """The highest resident memory above the start, sampled every 50 ms while the block runs.
+
+    glibc keeps freed memory in the process, so a run after a bigger one would grow into it and read
+    +0; the free memory is handed back to the system first (malloc_trim) so that each run counts its own.
+    """
 
     def __enter__(self):
+        gc.collect()
+        if LIBC is not None:
+            LIBC.malloc_trim(0)
         self.process, self.start, self.peak, self.running = psutil.Process(), 0, 0, True
         self.start = self.process.memory_info().rss
         self.thread = threading.Thread(target=self._sample, daemon=True)
