@@ -223,10 +223,15 @@ def decode_suite(ens: Ensemble, cases: list, method: str, options: dict, batch_s
     }
 
 
-def compare_batch_sizes(ens: Ensemble, data_dir: Path, sizes: list[int], scale: float, only: list[str]) -> dict:
+def compare_batch_sizes(
+    ens: Ensemble, data_dir: Path, sizes: list[int], scale: float, only: list[str], task: str | None = None
+) -> dict:
+    """Each run at each batch size on the same prompts: the mixed suite, or 48 prompts of one `task`
+    (a run of the runner decodes one task: no other task's long examples leave a tail)."""
+    suite = BATCH_SUITE if task is None else [(task, 48, {t: b for t, _, b in SUITE}[task])]
     cases = []
-    for task, count, budget in BATCH_SUITE:
-        prompts, stop = task_prompts(task, max(1, int(count * scale)), data_dir)
+    for name, count, budget in suite:
+        prompts, stop = task_prompts(name, max(1, int(count * scale)), data_dir)
         cases += [(p, stop, budget) for p in prompts]
         ens.decode(prompts[0], stop=stop, max_new_tokens=1)  # warm-up: the models load their kernels
     runs = {"adafuse": ("adafuse", {}), "single_0": ("single", {"member": 0}), "single_1": ("single", {"member": 1})}
@@ -244,7 +249,7 @@ def compare_batch_sizes(ens: Ensemble, data_dir: Path, sizes: list[int], scale: 
                 f"peak +{row['peak_memory_gb']:.2f} GB",
                 flush=True,
             )
-    out = {"prompts": len(cases), "sizes": sizes, "runs": figures}
+    out = {"prompts": len(cases), "tasks": [t for t, _, _ in suite], "sizes": sizes, "runs": figures}
     for name in runs:
         best = max(sizes, key=lambda b: figures[f"{name}@{b}"]["examples_per_second"])
         out[f"{name}_best_batch_size"] = best
@@ -272,6 +277,7 @@ def main() -> None:
         default=["adafuse", "single_0", "single_1"],
         help="section 3's methods (all three: the ratio to greedy)",
     )
+    parser.add_argument("--batching-task", choices=[t for t, _, _ in SUITE], help="48 prompts of one task, not the mix")
     parser.add_argument("--out", type=Path, default=ROOT / "results/bench/decode.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -282,7 +288,7 @@ def main() -> None:
     if args.only in (None, "batching"):
         print("3. batching across examples (same prompts at each batch size)", flush=True)
         record["batching"] = batching = compare_batch_sizes(
-            ens, args.data_dir, args.batch_sizes, scale, args.batching_runs
+            ens, args.data_dir, args.batch_sizes, scale, args.batching_runs, args.batching_task
         )
         for name in args.batching_runs:
             goal = "(goal >= 3)" if name == "adafuse" else "(goal >= 4)" if name == "single_0" else ""
