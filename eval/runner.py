@@ -172,7 +172,7 @@ def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tra
     # the wall time between finishes, which sums to this process's decoding time at any batch size.
     last_finish = time.perf_counter()
     for example, gen in stream:
-        finished, last_finish = last_finish, time.perf_counter()
+        previous_finish, last_finish = last_finish, time.perf_counter()
         answer, scores = task.score(example, gen.text)
         record = {
             "id": example.id,
@@ -181,7 +181,7 @@ def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tra
             "answer": answer,
             "references": example.references,
             "scores": scores,
-            "stats": {**asdict(gen.stats), "run_seconds": last_finish - finished},
+            "stats": {**asdict(gen.stats), "run_seconds": last_finish - previous_finish},
         }
         if gen.trace is not None:
             record["trace"] = asdict(gen.trace)
