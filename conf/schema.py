@@ -95,7 +95,7 @@ class RunConf:
     threads: int | None = None  # torch CPU threads; null: torch's default
     # Examples decoded at once (adafuse/batching.py): their forward passes are merged per model.
     # Chosen by measurement (README, Batching): on the bundled pair on 2 CPU cores 8 is the fastest
-    # for AdaFuse and SmolLM2 alone (Gemma-3 alone is 11% faster at 16). Outputs do not depend on
+    # for AdaFuse and SmolLM2 alone (Gemma-3 alone is 12% faster at 16). Outputs do not depend on
     # it; lower it if a pass cannot fit (BatchMemoryError).
     batch_size: int = 8
     progress: bool = True
