@@ -258,7 +258,6 @@ class Member:
             logits = self.scheduler.read_prompt(self, ids)
         else:
             logits = self.read_prompt(ids)
-        self.ids = list(ids)
         self.logprobs = self._log_softmax(logits[0, -1])
         # A cut-back may re-read the prompt's last word, but never a control token (a chat template's
         # markers) and never the first token, whose logits nothing computes.
@@ -266,8 +265,8 @@ class Member:
         self.anchor = self._last_word_start(max(after_control, 1))
 
     def read_prompt(self, ids: list[int]) -> torch.Tensor:
-        """Make the cache that of `ids`, reading only what no stored prompt or the own context holds;
-        returns the last position's logits and stores the prompt for the next one (`prompts`).
+        """Make `ids` the context and the cache theirs, reading only what no stored prompt or the own
+        context holds; returns the last position's logits and stores the prompt for the next one (`prompts`).
 
         A scheduler calls this for a batch's waiting prompts one after another, when the pass runs,
         so that examples that start together share their prefix too.
@@ -275,10 +274,10 @@ class Member:
         keep, source = self.prompts.longest_prefix(ids, self.ids, self.cache)
         keep = min(keep, len(ids) - 1)  # re-read >= 1 token for its logits
         self.cache = DynamicCache() if keep == 0 else _derive(source, lambda t: t[:, :, :keep])
-        self.ids = ids[:keep]
         self.forward_passes += 1
         self.tokens_fed += len(ids) - keep
         logits = self.forward_alone(self.cache, torch.tensor([ids[keep:]], device=self.device), last_only=True)
+        self.ids = list(ids)
         self.prompts.add(ids, self.cache)
         return logits
 
