@@ -19,7 +19,7 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from adafuse.errors import AdaFuseError
 from conf.schema import register
@@ -27,16 +27,7 @@ from eval.runner import main
 
 log = logging.getLogger("run")
 
-
-def run_id(override_dirname: str) -> str:
-    """The run directory's last part: the overrides that can change predictions, or 'default'."""
-    return override_dirname.replace("/", "%") if override_dirname else "default"
-
-
 register()
-OmegaConf.register_new_resolver("run_id", run_id, replace=True)
-# A sweep job's directory: the run directory, relative to where the sweep was started unless absolute.
-OmegaConf.register_new_resolver("join_path", os.path.join, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

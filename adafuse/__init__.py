@@ -2,6 +2,7 @@
 
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
 from adafuse.ensemble import Ensemble
+from adafuse.session import Request
 from adafuse.trace import Generation, Stats, Trace
 
-__all__ = ["AdaFuseConfig", "Ensemble", "Generation", "ModelConfig", "SingleConfig", "Stats", "Trace"]
+__all__ = ["AdaFuseConfig", "Ensemble", "Generation", "ModelConfig", "Request", "SingleConfig", "Stats", "Trace"]

@@ -26,13 +26,11 @@ import torch
 
 from adafuse.config import AdaFuseConfig
 from adafuse.errors import NumericsError
+from adafuse.methods import Method
 from adafuse.model import Member, Rows
 from adafuse.session import Session
-from adafuse.trace import CandidateTrace, Generation, ModelRound, RoundTrace, Score
-from adafuse.words import ends_inside_char, is_word_complete
-
-# A word cut at max_word_tokens still runs on to finish a multi-byte character (at most 4 bytes).
-_CHAR_SLACK = 4
+from adafuse.trace import CandidateTrace, ModelRound, RoundTrace, Score
+from adafuse.words import CHAR_SLACK, ends_inside_char, is_word_complete
 
 
 @dataclass
@@ -80,35 +78,24 @@ class Candidate:
         return list(self.proposals)
 
 
-def generate(
-    members: list[Member], prompt: str, cfg: AdaFuseConfig, *, stop=(), max_new_tokens: int = 64, trace: bool = False
-) -> Generation:
-    """Decode `prompt` with the ensemble `members` (K >= 1)."""
-    s = Session(
-        members,
-        prompt,
-        reserve=positions_needed(cfg, max_new_tokens),
-        stop=stop,
-        max_new_tokens=max_new_tokens,
-        trace=trace,
-    )
+def decode(s: Session, cfg: AdaFuseConfig) -> None:
+    """Decode the session's request with its members (K >= 1), round after round (spec §3-§5)."""
     while not s.done:
         round_idx = s.stats.rounds
-        proposals, model_rounds = zip(*(propose(m, cfg, round_idx) for m in members))
+        proposals, model_rounds = zip(*(propose(m, cfg, round_idx) for m in s.members))
         pool = build_pool(proposals)
-        for k, m in enumerate(members):
+        for k, m in enumerate(s.members):
             score_candidates(m, k, pool, round_idx)
-        fused = [sum(sc.nll for sc in c.scores) / len(members) for c in pool]
+        fused = [sum(sc.nll for sc in c.scores) / len(s.members) for c in pool]
         winner = choose_winner(fused)
         if s.record:
             s.record.rounds.append(_round_trace(round_idx, model_rounds, pool, fused, winner))
-        commit_winner(members, s, pool[winner])
-    return s.finish()
+        commit_winner(s.members, s, pool[winner])
 
 
 def positions_needed(cfg: AdaFuseConfig, max_new_tokens: int) -> int:
     """Context positions decoding may use after the prompt: the budget, overrun by at most one round."""
-    return max_new_tokens + (cfg.fixed_words or cfg.max_words) * (cfg.max_word_tokens + _CHAR_SLACK)
+    return max_new_tokens + (cfg.fixed_words or cfg.max_words) * (cfg.max_word_tokens + CHAR_SLACK)
 
 
 # ---- one model's proposal (spec §3) --------------------------------------------------------------
@@ -160,7 +147,7 @@ def complete_words(
     The rows are read as one batch, one token per step, until every row has a complete word.
     `before` holds the words already committed in this round (the context ends after them).
     A word is cut at `max_tokens` tokens; one that ends inside a character there runs on for up to
-    `_CHAR_SLACK` tokens to finish it, and is cut back to its last character boundary if it cannot.
+    `CHAR_SLACK` tokens to finish it, and is cut back to its last character boundary if it cannot.
     """
     context = m.ids + [i for w in before for i in w.ids]
     words: list[Word | None] = [None] * len(firsts)
@@ -185,7 +172,7 @@ def complete_words(
             capped = len(ids[i]) >= max_tokens and not ends_inside_char(text)
             if capped or is_word_complete(text, next_text, at_eos):
                 words[i], feed[i] = Word(ids[i], lps[i], text, at_eos, dist), []
-            elif len(ids[i]) >= max_tokens + _CHAR_SLACK:
+            elif len(ids[i]) >= max_tokens + CHAR_SLACK:
                 word = Word(ids[i], lps[i], text, False, dist)
                 words[i], feed[i] = cut_to_char(m, rows, i, word, dists[i], context), []
             else:
@@ -256,7 +243,7 @@ def beam_words(m: Member, rows: Rows, before: list[Word], logprobs: torch.Tensor
             if is_word_complete(text, None, False) or len(ids) >= cfg.max_word_tokens and not ends_inside_char(text):
                 finished.append((total, Word(ids, lps, text, False, dists[-1]), (beam, i)))
                 done.append(i)
-            elif len(ids) >= cfg.max_word_tokens + _CHAR_SLACK:
+            elif len(ids) >= cfg.max_word_tokens + CHAR_SLACK:
                 word = cut_to_char(m, beam, i, Word(ids, lps, text, False, dists[-1]), dists[1:], context)
                 finished.append((sum(word.logprobs), word, (beam, i)))
                 done.append(i)
@@ -328,3 +315,6 @@ def score_candidates(m: Member, k: int, pool: list[Candidate], round_idx: int = 
 def _round_trace(round_idx: int, model_rounds, pool: list[Candidate], fused: list[float], winner: int) -> RoundTrace:
     candidates = [CandidateTrace(c.text, c.eos, c.proposers, c.words, c.scores, f) for c, f in zip(pool, fused)]
     return RoundTrace(round_idx, list(model_rounds), candidates, winner)
+
+
+METHOD = Method(AdaFuseConfig, decode, positions_needed)

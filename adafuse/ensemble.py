@@ -12,12 +12,13 @@ from pathlib import Path
 
 import yaml
 
-from adafuse.batching import Scheduler, decode_many
+from adafuse.batching import DEFAULT_BATCH_SIZE, Scheduler, decode_many
 from adafuse.config import ModelConfig
 from adafuse.errors import ConfigError, UnknownNameError
 from adafuse.loading import load_pretrained
 from adafuse.methods import METHODS
 from adafuse.model import Member
+from adafuse.session import Request
 from adafuse.trace import Generation
 
 MODEL_CONFIGS = Path(__file__).resolve().parent.parent / "conf" / "model"
@@ -28,6 +29,11 @@ def model_config(entry) -> ModelConfig:
     if isinstance(entry, ModelConfig):
         return entry
     if isinstance(entry, str):
+        if not MODEL_CONFIGS.is_dir():
+            raise ConfigError(
+                f"model {entry!r}: the model configs are not at {MODEL_CONFIGS} (an install without conf/?); "
+                "reinstall the project, or pass a ModelConfig"
+            )
         path = MODEL_CONFIGS / f"{entry}.yaml"
         if not path.is_file():
             raise UnknownNameError("model", entry, [p.stem for p in MODEL_CONFIGS.glob("*.yaml")])
@@ -71,42 +77,47 @@ class Ensemble:
             members.append(Member(cfg.name, tokenizer, model, chat_template=cfg.chat_template))
         return cls(members)
 
-    def decode(
-        self, prompt: str, *, method="adafuse", stop=(), max_new_tokens: int = 64, trace: bool = False, **options
-    ) -> Generation:
+    def decode(self, prompt: str | Request, *, method="adafuse", **options) -> Generation:
         """Decode one prompt. `method` is a registered name (options are its knobs) or a method config object.
 
-        `stop` is one stop string or a list of them.
+        The request's settings (`stop`: one stop string or a list, `max_new_tokens`, `trace`) are given
+        here as keywords too, or in a `Request` passed as `prompt`.
         """
+        options, settings = _split_request_fields(options)
         spec, cfg = resolve_method(method, options)
-        return spec.generate(self.members, prompt, cfg, stop=stop, max_new_tokens=max_new_tokens, trace=trace)
+        return spec.generate(self.members, Request.of(prompt, **settings), cfg)
 
     def decode_stream(
         self,
-        items: Iterable[tuple[object, str]],
+        items: Iterable[tuple[object, str | Request]],
         *,
-        batch_size: int = 8,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         method="adafuse",
-        stop=(),
-        max_new_tokens: int = 64,
-        trace: bool = False,
         scheduler: Scheduler | None = None,
         **options,
     ) -> Iterator[tuple[object, Generation]]:
-        """Decode (key, prompt) items with `batch_size` examples in flight (adafuse/batching.py); yields
-        (key, Generation) as each finishes. Each Generation equals what `decode` returns for its prompt."""
+        """Decode (key, prompt or Request) items with `batch_size` examples in flight (adafuse/batching.py);
+        yields (key, Generation) as each finishes. Each Generation equals what `decode` returns for its
+        request. Request settings given as keywords apply to every item that is a plain prompt."""
+        options, settings = _split_request_fields(options)
         spec, cfg = resolve_method(method, options)
 
         def one(members, item):
-            return spec.generate(members, item[1], cfg, stop=stop, max_new_tokens=max_new_tokens, trace=trace)
+            return spec.generate(members, Request.of(item[1], **settings), cfg)
 
         for (key, _), gen in decode_many(self.members, items, one, batch_size, scheduler):
             yield key, gen
 
-    def decode_batch(self, prompts: list[str], *, batch_size: int = 8, **kwargs) -> list[Generation]:
+    def decode_batch(self, prompts: list[str | Request], **kwargs) -> list[Generation]:
         """`decode` for many prompts, batched across examples; results in the order of `prompts`."""
-        done = dict(self.decode_stream(enumerate(prompts), batch_size=batch_size, **kwargs))
+        done = dict(self.decode_stream(enumerate(prompts), **kwargs))
         return [done[i] for i in range(len(prompts))]
+
+
+def _split_request_fields(options: dict) -> tuple[dict, dict]:
+    """(method knobs, Request fields) out of one set of keyword arguments."""
+    names = {f.name for f in fields(Request)} - {"prompt"}
+    return {k: v for k, v in options.items() if k not in names}, {k: v for k, v in options.items() if k in names}
 
 
 def resolve_method(method, options: dict):

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 
 from adafuse.config import SingleConfig
 from adafuse.errors import ConfigError
-from adafuse.model import Member
+from adafuse.methods import Method
 from adafuse.session import Session
-from adafuse.trace import Generation
 from adafuse.words import ends_inside_char
 
 
@@ -35,14 +34,9 @@ def members_used(cfg: SingleConfig, available: int) -> list[int]:
     return [cfg.member]
 
 
-def generate(
-    members: list[Member], prompt: str, cfg: SingleConfig, *, stop=(), max_new_tokens: int = 64, trace: bool = False
-) -> Generation:
-    (index,) = members_used(cfg, len(members))
-    m = members[index]
-    s = Session(
-        [m], prompt, reserve=max_new_tokens, stop=stop, max_new_tokens=max_new_tokens, trace=trace, mask_control=False
-    )
+def decode(s: Session, cfg: SingleConfig) -> None:
+    """Greedy decoding of the session's one member (the seam passes only the member `cfg` names)."""
+    (m,) = s.members
     prompt_ids = list(m.ids)
     generated: list[int] = []
     while not s.done:
@@ -59,4 +53,7 @@ def generate(
         # Like generate(), the last token is never read: nothing would use its logits.
         if not s.add(new, unread=1):
             m.append_ids([token], new)
-    return s.finish(ids=[generated])
+    s.output_ids = [generated]
+
+
+METHOD = Method(SingleConfig, decode, positions_needed, members_used, raw_distribution=True)

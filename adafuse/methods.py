@@ -1,19 +1,21 @@
-"""The decoding methods by name.
+"""The method seam: a decoding method by name, and the one way every method is run.
 
-A method is a plain function written once per example,
-`generate(members, prompt, cfg, *, stop, max_new_tokens, trace) -> Generation`, with the dataclass of
-its knobs, `positions_needed(cfg, max_new_tokens)` (the context it may use after the prompt) and
-`members_used(cfg, k)` (which of the pair's k models it decodes with; the runner loads only those and
-passes None for the others). AdaFuse and `single` live in
-adafuse/; the baselines in baselines/, which registers them when imported below.
+A method is a plain function written once per example, `decode(session, cfg)`, that fills the
+session's shared text (adafuse/session.py), with the dataclass of its knobs,
+`positions_needed(cfg, max_new_tokens)` (the context it may use after the prompt) and
+`members_used(cfg, k)` (which of the pair's k models it decodes with; the runner loads only those).
+`Method.generate(members, request, cfg)` builds the session from a `Request` and runs it.
+
+Methods are found through the packaging entry-point group `adafuse.methods` (pyproject.toml), loaded
+on first lookup: the engine never imports the baselines (or any other package that adds a method).
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from adafuse import decode, greedy
-from adafuse.config import AdaFuseConfig, SingleConfig
 from adafuse.registry import Registry
+from adafuse.session import Request, Session
+from adafuse.trace import Generation
 
 
 def every_member(cfg, available: int) -> list[int]:
@@ -22,14 +24,19 @@ def every_member(cfg, available: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Method:
-    config: type
-    generate: Callable
+    config: type  # the dataclass of its knobs (range-checked in __post_init__)
+    decode: Callable[[Session, object], None]
     positions_needed: Callable[[object, int], int]
     members_used: Callable[[object, int], list[int]] = every_member
+    raw_distribution: bool = False  # keep control tokens in the distribution (`single` equals generate())
+
+    def generate(self, members: list, request: Request, cfg) -> Generation:
+        """Decode one request with the members this method uses (indices into `members`)."""
+        used = [members[i] for i in self.members_used(cfg, len(members))]
+        reserve = self.positions_needed(cfg, request.max_new_tokens)
+        session = Session(used, request, reserve=reserve, mask_control=not self.raw_distribution)
+        self.decode(session, cfg)
+        return session.finish()
 
 
-METHODS = Registry("method")
-METHODS.register("adafuse")(Method(AdaFuseConfig, decode.generate, decode.positions_needed))
-METHODS.register("single")(Method(SingleConfig, greedy.generate, greedy.positions_needed, greedy.members_used))
-
-import baselines  # noqa: E402, F401  (each baseline module registers itself in METHODS)
+METHODS = Registry("method", entry_points="adafuse.methods")

@@ -8,6 +8,9 @@ splits multi-byte characters across tokens.
 """
 
 REPLACEMENT = "\ufffd"  # what a decoder emits for an incomplete UTF-8 sequence
+# A UTF-8 character has at most 4 bytes and no vocabulary spells a byte with more than one token, so a
+# character that a token leaves unfinished is finished within this many more tokens, or never.
+CHAR_SLACK = 4
 
 
 def ends_inside_char(text: str) -> bool:

@@ -1,7 +1,5 @@
-"""Ensemble baselines of the paper's Table 1 (../shared/research/baselines.md), one file per method.
+"""Ensemble baselines of the paper's Table 1 (../shared/research/baselines.md), one method per module.
 
-Each module registers its method in `adafuse.methods.METHODS` when imported; this package imports
-every one of them, and adafuse/methods.py imports this package, so a registered name is always there.
+Each method module defines `METHOD` (adafuse.methods.Method); pyproject.toml lists them in the
+`adafuse.methods` entry-point group, through which the engine finds them on first lookup.
 """
-
-from baselines import deepen, llm_blender, sweetspan, unite  # noqa: F401

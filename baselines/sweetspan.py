@@ -42,7 +42,6 @@ Choices where the notes leave one open or where the upstream description is wron
 from dataclasses import dataclass
 
 from adafuse.decode import (
-    _CHAR_SLACK,
     Proposal,
     build_pool,
     choose_winner,
@@ -51,11 +50,12 @@ from adafuse.decode import (
     score_candidates,
 )
 from adafuse.errors import ConfigError
-from adafuse.methods import METHODS, Method
+from adafuse.methods import Method
 from adafuse.model import Member
 from adafuse.session import Session
 from adafuse.stopping import cut_at_stop
-from adafuse.trace import Generation, Score
+from adafuse.trace import Score
+from adafuse.words import CHAR_SLACK
 
 
 @dataclass
@@ -134,25 +134,15 @@ class SpanRound:
 
 def positions_needed(cfg: SweetSpanConfig, max_new_tokens: int) -> int:
     """The budget, overrun by at most one round's span (each word may run on to finish a character)."""
-    return max_new_tokens + cfg.span_words * (cfg.max_word_tokens + _CHAR_SLACK)
+    return max_new_tokens + cfg.span_words * (cfg.max_word_tokens + CHAR_SLACK)
 
 
-def generate(
-    members: list[Member], prompt: str, cfg: SweetSpanConfig, *, stop=(), max_new_tokens: int = 64, trace: bool = False
-) -> Generation:
-    """Decode `prompt` with the ensemble `members` (K >= 1), one span per round."""
-    s = Session(
-        members,
-        prompt,
-        reserve=positions_needed(cfg, max_new_tokens),
-        stop=stop,
-        max_new_tokens=max_new_tokens,
-        trace=trace,
-    )
+def decode(s: Session, cfg: SweetSpanConfig) -> None:
+    """Decode the session's request with its members (K >= 1), one span per round."""
     while not s.done:
         round_idx = s.stats.rounds
-        pool = build_pool([[propose_span(m, cfg, s.text, s.stop)] for m in members])
-        for k, m in enumerate(members):
+        pool = build_pool([[propose_span(m, cfg, s.text, s.stop)] for m in s.members])
+        for k, m in enumerate(s.members):
             score_candidates(m, k, pool, round_idx)
         fused, kept = fused_scores([[score.nll for score in c.scores] for c in pool], cfg)
         winner = choose_winner(fused)
@@ -162,8 +152,7 @@ def generate(
                 for c, keep, f in zip(pool, kept, fused)
             ]
             s.record.steps.append(SpanRound(round_idx, spans, winner))
-        commit_winner(members, s, pool[winner])
-    return s.finish()
+        commit_winner(s.members, s, pool[winner])
 
 
 def propose_span(m: Member, cfg: SweetSpanConfig, shared: str, stop: tuple[str, ...]) -> Proposal:
@@ -188,4 +177,4 @@ def propose_span(m: Member, cfg: SweetSpanConfig, shared: str, stop: tuple[str, 
     return Proposal(words, rows, 0)
 
 
-METHODS.register("sweetspan")(Method(SweetSpanConfig, generate, positions_needed))
+METHOD = Method(SweetSpanConfig, decode, positions_needed)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from adafuse.errors import ConfigError
-from adafuse.methods import METHODS, Method
+from adafuse.methods import Method
 from adafuse.session import Session
 from baselines.vocab import Vocabulary, check_weights, member_weights, vocabulary_of
 
@@ -136,20 +136,12 @@ def fuse(members, vocabs, weights, k: int, memos) -> tuple[Step, list[dict]]:
     return Step(union, values, fused, winner), tops
 
 
-def generate(members, prompt: str, cfg: UniteConfig, *, stop=(), max_new_tokens: int = 64, trace: bool = False):
-    """Decode `prompt` with UniTE over `members` (K >= 1; K = 1 is that member's greedy decoding over
-    eligible tokens)."""
+def decode(s: Session, cfg: UniteConfig) -> None:
+    """UniTE over the session's members (K >= 1; K = 1 is that member's greedy decoding over eligible tokens)."""
+    members = s.members
     weights = member_weights("unite", cfg.weights, len(members))
     vocabs = [vocabulary_of(m) for m in members]
     memos = [{} for _ in members]  # per member: union text -> its first sub-token, for this example
-    s = Session(
-        members,
-        prompt,
-        reserve=positions_needed(cfg, max_new_tokens),
-        stop=stop,
-        max_new_tokens=max_new_tokens,
-        trace=trace,
-    )
     while True:
         step, tops = fuse(members, vocabs, weights, cfg.top_k, memos)
         if s.record:
@@ -165,7 +157,6 @@ def generate(members, prompt: str, cfg: UniteConfig, *, stop=(), max_new_tokens:
                 m.append_text(entry)
         if s.add(entry):
             break
-    return s.finish()
 
 
-METHODS.register("unite")(Method(UniteConfig, generate, positions_needed))
+METHOD = Method(UniteConfig, decode, positions_needed)

@@ -7,6 +7,7 @@ Unknown keys fail at compose time; range checks (tau >= 0, M, B >= 1, ...) run w
 builds the engine's dataclasses, before any model loads.
 """
 
+import os
 import re
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any
@@ -14,9 +15,30 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from adafuse.batching import DEFAULT_BATCH_SIZE
 from adafuse.config import ModelConfig
 from adafuse.errors import ConfigError
 from adafuse.methods import METHODS
+
+# Settings that cannot change a prediction: left out of the run id (so a run grows, shards and moves
+# in place), and free to differ when a run resumes (eval/results.py). Every other setting is in
+# the run id or the run directory's path, and a resume that changes it is refused.
+CANNOT_CHANGE_PREDICTIONS = (
+    "task.limit",
+    "task.shard",
+    "task.num_shards",
+    "data.dir",
+    "cache_dir",
+    "threads",
+    "batch_size",
+    "progress",
+    "results_dir",
+    "wandb.mode",
+    "wandb.project",
+    "wandb.entity",
+)
+# The run directory's path names these already (<results_dir>/<task>/<method>/<model_pair>/<run_id>).
+IN_THE_PATH = ("model_pair", "method", "task")
 
 
 @dataclass
@@ -93,11 +115,10 @@ class RunConf:
     trace: bool = False  # record each round's pool and scores (spec §7) in predictions.jsonl
     cache_dir: str | None = None  # converted-model cache; null: $ADAFUSE_CACHE or ~/.cache/adafuse
     threads: int | None = None  # torch CPU threads; null: torch's default
-    # Examples decoded at once (adafuse/batching.py): their forward passes are merged per model.
-    # Chosen by measurement (README, Batching): on the bundled pair on 2 CPU cores 8 is the fastest
-    # for AdaFuse and SmolLM2 alone (Gemma-3 alone is 12% faster at 16). Outputs do not depend on
-    # it; lower it if a pass cannot fit (BatchMemoryError).
-    batch_size: int = 8
+    # Examples decoded at once (adafuse/batching.py): their forward passes are merged per model. The
+    # default is the measured best on the bundled pair (README, Batching); lower it if a pass cannot
+    # fit (BatchMemoryError).
+    batch_size: int = DEFAULT_BATCH_SIZE
     progress: bool = True
     results_dir: str = "results"  # runs write to <results_dir>/<task>/<method>/<model_pair>/<run_id>
 
@@ -107,7 +128,24 @@ def method_schema(name: str) -> type:
     return make_dataclass(f"{name}_method", [("name", str, field(default=name))], bases=(METHODS[name].config,))
 
 
+_registered = False
+
+
+def run_id(override_dirname: str) -> str:
+    """The run directory's last part: the overrides that can change predictions, or 'default'."""
+    return override_dirname.replace("/", "%") if override_dirname else "default"
+
+
 def register() -> None:
+    """The schemas in Hydra's ConfigStore and the resolvers conf/config.yaml uses (once per process)."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    OmegaConf.register_new_resolver("run_id", run_id, replace=True)
+    OmegaConf.register_new_resolver("not_in_run_id", lambda: [*IN_THE_PATH, *CANNOT_CHANGE_PREDICTIONS], replace=True)
+    # A sweep job's directory: the run directory, relative to where the sweep was started unless absolute.
+    OmegaConf.register_new_resolver("join_path", os.path.join, replace=True)
     store = ConfigStore.instance()
     store.store(name="base_config", node=RunConf)
     store.store(group="schema", name="model", node=ModelConfig)

@@ -19,24 +19,9 @@ from pathlib import Path
 import yaml
 
 from adafuse.errors import ConfigError, ShardBusyError
+from conf.schema import CANNOT_CHANGE_PREDICTIONS
 
 log = logging.getLogger(__name__)
-
-# Settings that may change between a run and its resumption without changing any prediction.
-RESUMABLE_CHANGES = {
-    "task.limit",
-    "task.shard",
-    "task.num_shards",
-    "data.dir",
-    "cache_dir",
-    "threads",
-    "batch_size",
-    "progress",
-    "results_dir",  # a moved results tree resumes where it now lies
-    "wandb.mode",
-    "wandb.project",
-    "wandb.entity",
-}
 
 
 def _flat(tree, prefix="") -> dict:
@@ -64,7 +49,9 @@ class RunDir:
         if not previous.is_file() or not self.predictions_path.is_file():
             return
         old, new = _flat(yaml.safe_load(previous.read_text())), _flat(config)
-        changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in RESUMABLE_CHANGES)
+        changed = sorted(
+            k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in CANNOT_CHANGE_PREDICTIONS
+        )
         if changed:
             raise ConfigError(
                 f"{self.path} holds a run with other settings ({', '.join(changed)}); "

@@ -24,6 +24,7 @@ from adafuse.config import ModelConfig
 from adafuse.errors import ConfigError
 from adafuse.methods import METHODS
 from adafuse.model import Member
+from adafuse.session import Request
 from conf.schema import saved_config
 from eval.results import RunDir, git_sha
 from eval.tasks import Task, resolve_data_dir
@@ -160,14 +161,8 @@ def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tra
     scale = task.metrics[primary].scale if primary else 1.0
     done = [r["scores"][primary] for r in out.records.values() if primary in r["scores"]]
     bar = tqdm(total=len(todo), desc=f"{task.name} {method.name}", unit="ex", disable=not settings.progress)
-    stream = ensemble.decode_stream(
-        ((example, prompts[example.id]) for example in todo),
-        batch_size=settings.batch_size,
-        method=method,
-        stop=task.cfg.stop,
-        max_new_tokens=task.cfg.max_new_tokens,
-        trace=settings.trace,
-    )
+    requests = ((ex, Request(prompts[ex.id], task.cfg.stop, task.cfg.max_new_tokens, settings.trace)) for ex in todo)
+    stream = ensemble.decode_stream(requests, batch_size=settings.batch_size, method=method)
     # With several examples in flight an example's own seconds overlap the others'; what a run costs is
     # the wall time between finishes, which sums to this process's decoding time at any batch size.
     last_finish = time.perf_counter()

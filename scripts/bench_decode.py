@@ -7,7 +7,7 @@
    (../shared/data), interleaved prompt by prompt so that machine drift hits all three alike:
    wall time ratio AdaFuse / (single A + single B), forward passes per round, tokens fed per
    generated token per model; AdaFuse with B = 1 (no branching) alongside, to show what B = 3 costs.
-2. The fast decoder against the cache-free reference (tests/engine/reference.py) on few-shot
+2. The fast decoder against the cache-free reference (adafuse/reference.py) on few-shot
    prompts of 500+ tokens: identical output, and the speed-up.
 3. Batching across examples (adafuse/batching.py): AdaFuse and `single` at batch sizes 1, 4, 8, 16
    on the same 48 benchmark prompts: throughput (examples per second), the AdaFuse cost per example
@@ -34,14 +34,14 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adafuse import AdaFuseConfig, Ensemble  # noqa: E402
+from adafuse import AdaFuseConfig, Ensemble, reference  # noqa: E402
 from adafuse.batching import Scheduler, decode_many  # noqa: E402
-from adafuse.decode import generate  # noqa: E402
 from adafuse.ensemble import resolve_method  # noqa: E402
+from adafuse.methods import METHODS  # noqa: E402
+from adafuse.session import Request  # noqa: E402
+from conf.compose import compose_run  # noqa: E402
 from conf.schema import DataConf  # noqa: E402
 from eval.tasks import BESIDE_CHECKOUT, Task  # noqa: E402
-from tests.engine import reference  # noqa: E402
-from tests.harness import compose_run  # noqa: E402
 
 LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if sys.platform == "linux" else None
 
@@ -150,13 +150,14 @@ def compare_with_reference(ens: Ensemble, data_dir: Path, count: int, budget: in
     questions = [json.loads(line)["question"] for line in (data_dir / "gsm8k/test.jsonl").open()][: count + 1]
     prompts = ["\n\n\n".join(shots) + f"\n\nQuestion: {q}\nLet's think step by step\n" for q in questions]
     cfg, fast_s, slow_s, identical, lengths = AdaFuseConfig(), 0.0, 0.0, 0, []
-    generate(ens.members, prompts.pop(), cfg, max_new_tokens=1)  # reads the shared exemplars
+    adafuse = METHODS["adafuse"]
+    adafuse.generate(ens.members, Request(prompts.pop(), max_new_tokens=1), cfg)  # reads the shared exemplars
     for prompt in prompts:
         started = time.perf_counter()
-        fast = generate(ens.members, prompt, cfg, max_new_tokens=budget)
+        fast = adafuse.generate(ens.members, Request(prompt, max_new_tokens=budget), cfg)
         fast_s += time.perf_counter() - started
         started = time.perf_counter()
-        slow_text, _, _ = reference.generate(ens.members, prompt, cfg, (), budget)
+        slow_text, _, _ = reference.generate(ens.members, Request(prompt, max_new_tokens=budget), cfg)
         slow_s += time.perf_counter() - started
         identical += slow_text == fast.text
         lengths.append(min(len(m.encode(prompt)) for m in ens.members))
@@ -205,7 +206,7 @@ def decode_suite(ens: Ensemble, cases: list, method: str, options: dict, batch_s
 
     def one(members, i):
         prompt, stop, budget = cases[i]
-        return spec.generate(members, prompt, cfg, stop=stop, max_new_tokens=budget)
+        return spec.generate(members, Request(prompt, stop, budget), cfg)
 
     scheduler, texts = Scheduler(), [None] * len(cases)
     started = time.perf_counter()

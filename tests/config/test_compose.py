@@ -11,10 +11,10 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from adafuse.errors import ConfigError
 from adafuse.methods import METHODS as REGISTERED
+from conf.compose import compose_run
+from conf.schema import run_id
 from eval.runner import main, settings_of
-from run import run_id
 from tests.conftest import ROOT
-from tests.harness import compose_run
 
 PAIRS = sorted(p.stem for p in (ROOT / "conf/model_pair").glob("*.yaml"))
 METHODS = sorted(p.stem for p in (ROOT / "conf/method").glob("*.yaml"))

@@ -1,9 +1,28 @@
+import pytest
 from omegaconf import OmegaConf
 
+from adafuse.ensemble import resolve_method
 from adafuse.model import Member
+from adafuse.session import Request
+from adafuse.trace import Generation
+from conf.compose import compose_run
 from conf.schema import DataConf
 from eval.tasks import Task
-from tests.harness import compose_run
+
+
+def decode(members, prompt: str, cfg, **request) -> Generation:
+    """Decode `prompt` through the method seam with the method whose knobs `cfg` is; `request` holds
+    the Request's other fields (stop, max_new_tokens, trace)."""
+    spec, cfg = resolve_method(cfg, {})
+    return spec.generate(members, Request(prompt, **request), cfg)
+
+
+def assert_scores_match(fast_scores, slow_scores) -> None:
+    """A fast Score list equals the reference's (base, ids, skip, nll) tuples; NLLs within 1e-4."""
+    assert len(fast_scores) == len(slow_scores)
+    for fs, (base, ids, skip, value) in zip(fast_scores, slow_scores):
+        assert (fs.base, fs.ids, fs.skip) == (base, ids, skip)
+        assert fs.nll == pytest.approx(value, abs=1e-4)
 
 
 def clone(member: Member) -> Member:

@@ -1,13 +1,19 @@
 """Batching across examples (adafuse/batching.py) changes no prediction: every example decoded with
 others in flight equals the same example decoded alone, on the real bundled pair."""
 
+import gc
+import threading
+import weakref
+
 import pytest
 import torch
 
-from adafuse.batching import Scheduler, decode_many
+from adafuse import Request, SingleConfig
+from adafuse.batching import Scheduler, decode_many, forward_together
 from adafuse.ensemble import resolve_method
 from adafuse.errors import BatchMemoryError
-from adafuse.model import PromptStore, forward_together
+from adafuse.methods import METHODS
+from adafuse.model import PromptStore
 
 from .helpers import clone
 
@@ -34,7 +40,7 @@ def test_batched_predictions_equal_unbatched_ones(tiny, shared_data, method, opt
 
     def one(members, i):  # each example keeps its own stop strings and budget
         prompt, stop, budget = cases[i]
-        return spec.generate(members, prompt, cfg, stop=stop, max_new_tokens=budget)
+        return spec.generate(members, Request(prompt, stop, budget), cfg)
 
     scheduler, finished = Scheduler(), []
     # a batch of 3 for 6 examples: finished examples' slots are refilled while others run on
@@ -58,7 +64,9 @@ def test_examples_that_start_together_read_the_few_shot_prefix_once(tiny, shared
     member.prompts = PromptStore()  # cold: nothing read before this batch
     spec, cfg = resolve_method("single", {"member": 0})
     decoded = dict(
-        decode_many([member], range(4), lambda slot, i: spec.generate(slot, prompts[i], cfg, max_new_tokens=3), 4)
+        decode_many(
+            [member], range(4), lambda slot, i: spec.generate(slot, Request(prompts[i], max_new_tokens=3), cfg), 4
+        )
     )
     prefix = len(member.encode(nq))
     fed = sorted(decoded[i].stats.tokens_fed[0] for i in range(4))
@@ -144,3 +152,51 @@ def test_a_moved_cache_is_merged_again(tiny):
     a.cache.crop(-1)  # a rollback replaces the view: the resident layout no longer matches
     assert not resident.holds([a.cache, b.cache])
     assert not resident.holds([b.cache, a.cache])
+
+
+PROMPTS = ["Question: Who wrote Hamlet?\nAnswer:", "1, 2, 3, 4,", "The capital of Peru is", "Once upon a time"] * 2
+
+
+def greedy_slots(smol, fail_on=None):
+    """(decode function for decode_many, weak references to the slot clones it decoded with)."""
+    seen = []
+
+    def one(members, i):
+        if i == fail_on:
+            raise RuntimeError(f"example {i} failed")
+        seen.append(weakref.ref(members[0]))
+        return METHODS["single"].generate(members, Request(PROMPTS[i], max_new_tokens=12), SingleConfig(0))
+
+    return one, seen
+
+
+def test_a_failing_example_ends_the_run_and_leaves_no_worker_or_clone_behind(smol):
+    threads = threading.active_count()
+    one, seen = greedy_slots(smol, fail_on=4)
+    with pytest.raises(RuntimeError, match="example 4 failed"):
+        for _ in decode_many([smol], range(len(PROMPTS)), one, batch_size=3):
+            pass
+    gc.collect()
+    assert threading.active_count() == threads  # no worker waits on a pass that will never run
+    assert seen and all(ref() is None for ref in seen)  # their clones and caches are gone
+
+
+def test_a_caller_that_stops_early_leaves_no_worker_or_clone_behind(smol):
+    threads = threading.active_count()
+    one, seen = greedy_slots(smol)
+    stream = decode_many([smol], range(len(PROMPTS)), one, batch_size=3)
+    next(stream)
+    stream.close()  # e.g. `break` out of `for key, gen in ens.decode_stream(...)`
+    del stream
+    gc.collect()
+    assert threading.active_count() == threads
+    assert seen and all(ref() is None for ref in seen)
+
+
+def test_a_merged_pass_orders_its_rows_by_slot(smol):
+    one, _ = greedy_slots(smol)
+    scheduler = Scheduler()
+    for _ in decode_many([smol], range(len(PROMPTS)), one, batch_size=4, scheduler=scheduler):
+        pass
+    assert scheduler.merged > 0
+    assert all(slots == sorted(slots) for slots in scheduler.pass_slots)

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from adafuse import AdaFuseConfig, SingleConfig
-from adafuse.decode import Word, complete_words, cut_to_char, generate
+from adafuse.decode import Word, complete_words, cut_to_char
 from adafuse.errors import NumericsError
-from adafuse.greedy import generate as greedy
 from adafuse.model import Member
+from tests.engine.helpers import decode as generate
+from tests.engine.helpers import decode as greedy
 
 from .helpers import clone, nq_prompt
 

@@ -3,11 +3,10 @@
 import pytest
 import torch
 
-from adafuse import AdaFuseConfig
-from adafuse.decode import generate
+from adafuse import AdaFuseConfig, reference
 from adafuse.model import common_prefix
+from tests.engine.helpers import decode as generate
 
-from . import reference
 from .helpers import clone
 
 pytestmark = pytest.mark.slow

@@ -13,9 +13,11 @@ import torch
 import baselines.deepen as deepen
 from adafuse.config import SingleConfig
 from adafuse.errors import ConfigError
-from adafuse.greedy import generate as greedy
-from baselines.deepen import DeepenConfig, generate, prepare
+from baselines.deepen import DeepenConfig
+from baselines.deepen_transfer import prepare
 from tests.engine.helpers import clone
+from tests.engine.helpers import decode as generate
+from tests.engine.helpers import decode as greedy
 from tests.engine.test_unite import CASES
 from tests.engine.token_reference import PARTIAL, RefMember, stopped
 

@@ -5,8 +5,8 @@ import torch
 from transformers import GenerationConfig
 
 from adafuse import SingleConfig
-from adafuse.greedy import generate
 from adafuse.words import REPLACEMENT
+from tests.engine.helpers import decode as generate
 
 from .helpers import nq_prompt
 

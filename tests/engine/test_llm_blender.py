@@ -1,20 +1,22 @@
 """LLM-Blender on the real bundled pair against a slow implementation written here.
 
 The slow side has no cache: every greedy step of every member and every score is a full forward pass
-over the whole token sequence (tests/engine/reference.py's cache-free model and spec §4 alignment);
+over the whole token sequence (adafuse/reference.py's cache-free model and spec §4 alignment);
 the greedy answers and the NLL ranking are written out below as plainly as the docstring reads.
 """
 
 import pytest
 import torch
 
-from adafuse import SingleConfig
+from adafuse import SingleConfig, reference
 from adafuse.errors import ConfigError, UnknownNameError
-from adafuse.greedy import generate as single
-from baselines.llm_blender import LLMBlenderConfig, generate, load_pairrm
-from tests.unit.test_llm_blender import write_checkpoint
+from baselines.llm_blender import LLMBlenderConfig
+from baselines.pairrm import load_pairrm
+from tests.engine.helpers import assert_scores_match
+from tests.engine.helpers import decode as generate
+from tests.engine.helpers import decode as single
+from tests.unit.test_pairrm import write_checkpoint
 
-from . import reference
 from .helpers import clone, nq_few_shot_case
 
 pytestmark = pytest.mark.slow
@@ -81,7 +83,7 @@ def assert_agree(members, prompt, stop, budget):
     if fused is not None:
         assert ranking.scores == pytest.approx(fused, abs=1e-4)
         for fast_row, slow_row in zip(ranking.nll, table):
-            reference.assert_scores_match(fast_row, slow_row)
+            assert_scores_match(fast_row, slow_row)
     return fast
 
 

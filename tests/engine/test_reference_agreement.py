@@ -6,10 +6,10 @@ same scored ids per model, and NLLs equal within 1e-4, on the real bundled pair.
 
 import pytest
 
-from adafuse import AdaFuseConfig
-from adafuse.decode import generate
+from adafuse import AdaFuseConfig, Request, reference
+from tests.engine.helpers import assert_scores_match
+from tests.engine.helpers import decode as generate
 
-from . import reference
 from .helpers import clone
 
 pytestmark = pytest.mark.slow
@@ -59,7 +59,7 @@ def cases(shared_data):
 
 def assert_agree(members, prompt, stop, budget, cfg):
     fast = generate(members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
-    slow_text, rounds, slow_ids = reference.generate(members, prompt, cfg, stop, budget)
+    slow_text, rounds, slow_ids = reference.generate(members, Request(prompt, stop, budget), cfg)
     assert fast.text == slow_text
     assert fast.ids == slow_ids
     assert len(fast.trace.rounds) == len(rounds)
@@ -67,7 +67,7 @@ def assert_agree(members, prompt, stop, budget, cfg):
         assert [(c.text, c.eos, c.proposers) for c in r.candidates] == [(c.text, c.eos, c.proposers) for c in pool]
         assert r.winner == winner
         for fc, rc in zip(r.candidates, pool):
-            reference.assert_scores_match(fc.scores, rc.scores)
+            assert_scores_match(fc.scores, rc.scores)
             assert fc.fused == pytest.approx(rc.fused, abs=1e-4)
     return fast
 

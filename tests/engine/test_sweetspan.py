@@ -1,16 +1,18 @@
 """SweetSpan on the real bundled pair against a slow implementation written here.
 
 The slow side has no cache: every greedy step and every score is a full forward pass over the whole
-token sequence (tests/engine/reference.py's cache-free model, word rule and spec §4 alignment); the
+token sequence (adafuse/reference.py's cache-free model, word rule and spec §4 alignment); the
 span round (proposals, pool, outlier filter, normalisation, winner) is written out below as plainly
 as the method's docstring reads. Identical text, output ids, pools and winners; NLLs within 1e-4.
 """
 
 import pytest
 
-from baselines.sweetspan import SweetSpanConfig, generate
+from adafuse import reference
+from baselines.sweetspan import SweetSpanConfig
+from tests.engine.helpers import assert_scores_match
+from tests.engine.helpers import decode as generate
 
-from . import reference
 from .helpers import clone, nq_few_shot_case
 
 pytestmark = pytest.mark.slow
@@ -78,7 +80,7 @@ def assert_agree(members, prompt, stop, budget, cfg):
         assert [(c.text, c.eos, c.proposers) for c in r.candidates] == [(c.text, c.eos, c.proposers) for c in pool]
         assert r.winner == winner
         for fc, rc, f in zip(r.candidates, pool, fused):
-            reference.assert_scores_match(fc.scores, rc.scores)
+            assert_scores_match(fc.scores, rc.scores)
             assert fc.nll == pytest.approx(f, abs=1e-4)
     assert fast.stats.words_per_round == [r.candidates[r.winner].words for r in fast.trace.steps]
     return fast

@@ -4,10 +4,8 @@ import json
 
 import pytest
 
-from adafuse import AdaFuseConfig
-from adafuse.decode import generate
-
-from . import reference
+from adafuse import AdaFuseConfig, reference
+from tests.engine.helpers import decode as generate
 
 pytestmark = pytest.mark.slow
 

@@ -6,9 +6,10 @@ import torch
 
 from adafuse.errors import ConfigError
 from baselines import unite
-from baselines.unite import EOS, UniteConfig, first_subtoken, generate
+from baselines.unite import EOS, UniteConfig, first_subtoken
 from baselines.vocab import vocabulary_of
 from tests.engine.helpers import clone
+from tests.engine.helpers import decode as generate
 from tests.engine.token_reference import RefMember, stopped
 
 pytestmark = pytest.mark.slow

@@ -1,13 +1,13 @@
 """What the slow references of the token-level baselines share: each member's context replayed with no
 KV cache, every distribution from a full forward pass over the whole token sequence, text appended
-exactly as the seam's rule says (tests/engine/reference.py's `align`), and the stop rule of spec §5.
+exactly as the seam's rule says (adafuse/reference.py's `align`), and the stop rule of spec §5.
 
 Token texts come from the tokenizer's own `decode` of each id, not from baselines/vocab.py.
 """
 
 import torch
 
-from tests.engine.reference import RefModel, align, last_word_start
+from adafuse.reference import RefModel, align, last_word_start
 
 PARTIAL = "\ufffd"
 _TEXTS: dict = {}  # (tokenizer id, size) -> each id's text: decoding 262k ids takes a second

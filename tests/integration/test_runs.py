@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from adafuse.errors import ConfigError, ContextLengthError
+from conf.compose import compose_run
 from eval.runner import main
 from tests.conftest import ROOT, SHARED_DATA
-from tests.harness import compose_run
 
 pytestmark = pytest.mark.slow
 

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from adafuse.errors import ConfigError
+from conf.compose import compose_run
 from eval.runner import main
 from tests.conftest import SHARED_DATA
-from tests.harness import compose_run
 
 pytestmark = pytest.mark.slow
 

@@ -6,10 +6,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from adafuse.errors import ConfigError, DataError
+from conf.compose import compose_run
 from conf.schema import DataConf, TaskConf
 from eval.data import HUB, read_local
 from eval.tasks import Task
-from tests.harness import compose_run
 
 
 def task_of(name: str, shared_data, variant="canonical", **overrides) -> Task:

@@ -2,15 +2,17 @@
 dense softmax, the safetensors cache (read back, atomic, keyed by the models), the knob checks."""
 
 import os
+import weakref
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 
-import baselines.deepen as deepen
+import baselines.deepen_transfer as deepen_transfer
 from adafuse.errors import ConfigError
-from baselines.deepen import DeepenConfig, build_transfer, dense_transfer_rows, prepare, write_atomic
+from baselines.deepen import DeepenConfig
+from baselines.deepen_transfer import build_transfer, dense_transfer_rows, prepare, write_atomic
 from tests.unit.test_vocab import FakeTokenizer
 
 PIECES_A = ["<eos>", "Ġthe", "Ġcat", "Ġsat", "Ġon", "Ġmat", "Ċ", "a", "b", "c", "Ġdog", "Ġran", "x", "y"]
@@ -39,8 +41,7 @@ class FakeMember:
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
     """An empty cache directory and an empty in-process memo."""
-    monkeypatch.setattr(deepen, "_LOADED", {})
-    monkeypatch.setattr(deepen, "_TRANSFERS", {})
+    monkeypatch.setattr(deepen_transfer, "_TRANSFERS", weakref.WeakKeyDictionary())
     return DeepenConfig(cache_dir=str(tmp_path), row_top_k=2)
 
 
@@ -49,7 +50,7 @@ def test_compressed_rows_match_the_dense_softmax():
     anchors = torch.arange(0, 300, 3)
     stored, error = build_transfer(emb, anchors, temperature=100.0, row_top_k=4)
     dense = dense_transfer_rows(emb, anchors, torch.arange(300), 100.0)
-    transfer = deepen._transfer({f"t.{k}": v for k, v in stored.items()}, "t", emb)
+    transfer = deepen_transfer._transfer({f"t.{k}": v for k, v in stored.items()}, "t", emb)
     ours = transfer.dense_rows(torch.arange(300))
     l1 = (ours - dense).abs().sum(-1)
     assert torch.allclose(ours.sum(-1), torch.ones(300), atol=1e-5)  # every row still sums to 1
@@ -70,33 +71,34 @@ def test_second_call_reads_the_safetensors_file_and_builds_nothing(fresh, monkey
     assert files[0].read_bytes()[:1] != b"\x80"  # not a pickle
     with safe_open(str(files[0]), "pt") as f:  # a plain safetensors file, with its build report
         meta = f.metadata()
-        assert meta["anchors"] == "9" and meta["format"] == deepen.FORMAT
+        assert meta["anchors"] == "9" and meta["format"] == deepen_transfer.FORMAT
         assert all(key.endswith((".anchors", ".offset", ".slope", ".top_ids", ".top_values")) for key in f.keys())
 
-    monkeypatch.setattr(deepen, "_LOADED", {})
-    monkeypatch.setattr(deepen, "_TRANSFERS", {})
-    monkeypatch.setattr(deepen, "build_transfer", lambda *a, **k: pytest.fail("built again instead of reading"))
+    monkeypatch.setattr(deepen_transfer, "_TRANSFERS", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(
+        deepen_transfer, "build_transfer", lambda *a, **k: pytest.fail("built again instead of reading")
+    )
     second = prepare(members, fresh)
     for x, y in zip(first, second):
         assert (
             torch.equal(x.offset, y.offset) and torch.equal(x.top_ids, y.top_ids) and torch.equal(x.anchors, y.anchors)
         )
     # anchors: the 9 texts both vocabularies hold (" the" ... "\n", "a", "b", "c"), in the same order for both
-    texts_a = [deepen.vocabulary_of(members[0]).texts[i] for i in first[0].anchors.tolist()]
-    texts_b = [deepen.vocabulary_of(members[1]).texts[i] for i in first[1].anchors.tolist()]
+    texts_a = [deepen_transfer.vocabulary_of(members[0]).texts[i] for i in first[0].anchors.tolist()]
+    texts_b = [deepen_transfer.vocabulary_of(members[1]).texts[i] for i in first[1].anchors.tolist()]
     assert texts_a == texts_b and "\n" in texts_a and " dog" not in texts_a
 
 
 def test_the_key_changes_with_the_models_and_not_with_their_order(fresh):
     a, b = FakeMember("a", PIECES_A, 1), FakeMember("b", PIECES_B, 2)
-    key = deepen.cache_key
-    digests = [deepen.member_digest(m, deepen.vocabulary_of(m)) for m in (a, b)]
+    key = deepen_transfer.cache_key
+    digests = [deepen_transfer.member_digest(m, deepen_transfer.vocabulary_of(m)) for m in (a, b)]
     assert key(digests, fresh) == key(digests[::-1], fresh)
     assert key(digests, fresh) == key(digests + digests[:1], fresh)  # a clone of a member adds nothing
     other = FakeMember("b", PIECES_B, 3)  # same vocabulary, other weights
-    assert deepen.member_digest(other, deepen.vocabulary_of(other)) != digests[1]
+    assert deepen_transfer.member_digest(other, deepen_transfer.vocabulary_of(other)) != digests[1]
     renamed = FakeMember("b", PIECES_B[:-1] + ["v"], 2)  # same weights, other vocabulary
-    assert deepen.member_digest(renamed, deepen.vocabulary_of(renamed)) != digests[1]
+    assert deepen_transfer.member_digest(renamed, deepen_transfer.vocabulary_of(renamed)) != digests[1]
     assert key(digests, fresh) != key(digests, DeepenConfig(cache_dir=fresh.cache_dir, row_top_k=3))
     prepare([a, b], fresh)
     prepare([a, other], fresh)
@@ -109,7 +111,7 @@ def test_a_failed_write_leaves_nothing_and_a_good_one_renames_a_complete_file(tm
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(deepen, "save_file", broken)
+    monkeypatch.setattr(deepen_transfer, "save_file", broken)
     with pytest.raises(OSError, match="disk full"):
         write_atomic(target, {"x": torch.zeros(3)}, {})
     assert list(target.parent.iterdir()) == []
@@ -123,7 +125,7 @@ def test_a_failed_write_leaves_nothing_and_a_good_one_renames_a_complete_file(tm
             seen.append((Path(src).parent, list(f.keys())))
         real_replace(src, dst)
 
-    monkeypatch.setattr(deepen.os, "replace", spy)
+    monkeypatch.setattr(deepen_transfer.os, "replace", spy)
     write_atomic(target, {"x": torch.zeros(3)}, {"k": "v"})
     assert seen == [(target.parent, ["x"])] and [p.name for p in target.parent.iterdir()] == [target.name]
 
@@ -145,3 +147,18 @@ def test_a_failed_write_leaves_nothing_and_a_good_one_renames_a_complete_file(tm
 def test_settings_that_make_no_sense_are_refused(knobs, message):
     with pytest.raises(ConfigError, match=message):
         DeepenConfig(**knobs)
+
+
+def test_a_pairs_matrices_live_no_longer_than_its_models(fresh):
+    """A process that loads pair after pair (an in-process sweep) keeps only the loaded pairs' matrices:
+    a Transfer holds its model's embeddings, whose storage is the weights'."""
+    import gc
+
+    members = [FakeMember("a", PIECES_A, 1), FakeMember("b", PIECES_B, 2)]
+    first = prepare(members, fresh)
+    assert prepare(members, fresh) == first  # remembered while the models live
+    weights = [weakref.ref(m.weight) for m in members]
+    del members, first
+    gc.collect()
+    assert all(w() is None for w in weights)
+    assert len(deepen_transfer._TRANSFERS) == 0

@@ -13,11 +13,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from adafuse.trace import Stats
+from conf.compose import compose_run
 from eval.results import RunDir
 from eval.runner import decoding_models, settings_of, summary
 from eval.tasks import Task
 from tests.conftest import ROOT, SHARED_DATA
-from tests.harness import compose_run
 
 
 def write_run(root: Path, task: str, method: str, correct: list[bool], *overrides: str) -> Path:

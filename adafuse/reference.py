@@ -1,18 +1,19 @@
 """A slow reference AdaFuse, written as plainly as ../shared/spec/adafuse.md reads.
 
-No KV cache and no bookkeeping shared with the fast decoder: every quantity (next-token
-distribution, each candidate's NLL) comes from a full forward pass over the whole token sequence,
-and text is decoded from the start of the context. It shares only the weights and tokenizers.
+No KV cache and no bookkeeping shared with the fast decoder (adafuse/decode.py): every quantity
+(next-token distribution, each candidate's NLL) comes from a full forward pass over the whole token
+sequence, and text is decoded from the start of the context. It shares only the weights, the
+tokenizers and two constants. The tests check the fast decoder against it token for token, and
+scripts/bench_decode.py times the two side by side.
 """
 
 import re
 from dataclasses import dataclass, field
 
-import pytest
 import torch
 
-CHAR_SLACK = 4  # as the fast decoder: a word cut at the token cap may finish its last character
-PARTIAL = "\ufffd"
+from adafuse.words import CHAR_SLACK
+from adafuse.words import REPLACEMENT as PARTIAL
 
 
 class RefModel:
@@ -281,9 +282,10 @@ class RefRun:
         return None
 
 
-def generate(members, prompt: str, cfg, stop=(), max_new_tokens: int = 64):
-    """Returns (text, rounds, ids); each round is (candidates, winner index); ids are each model's output ids."""
-    run, rounds = RefRun(members, prompt), []
+def generate(members, request, cfg):
+    """Decode a `Request` (adafuse/session.py): (text, rounds, ids); each round is (candidates, winner
+    index); ids are each model's output ids."""
+    run, rounds = RefRun(members, request.prompt), []
     while True:
         pool: dict = {}
         for k, m in enumerate(run.models):
@@ -300,14 +302,6 @@ def generate(members, prompt: str, cfg, stop=(), max_new_tokens: int = 64):
         winner = min(range(len(pool)), key=lambda i: pool[i].fused)
         rounds.append((pool, winner))
         run.commit(pool[winner])
-        end = run.ended(pool[winner].eos, stop, max_new_tokens)
+        end = run.ended(pool[winner].eos, request.stop, request.max_new_tokens)
         if end:
             return end[0], rounds, end[1]
-
-
-def assert_scores_match(fast_scores, slow_scores) -> None:
-    """A fast Score list equals the reference's (base, ids, skip, nll) tuples; NLLs within 1e-4."""
-    assert len(fast_scores) == len(slow_scores)
-    for fs, (base, ids, skip, value) in zip(fast_scores, slow_scores):
-        assert (fs.base, fs.ids, fs.skip) == (base, ids, skip)
-        assert fs.nll == pytest.approx(value, abs=1e-4)

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from transformers import DebertaV2Config, DebertaV2Tokenizer
 
 from adafuse.errors import ConfigError, ModelFileError
-from baselines.llm_blender import (
+from baselines.pairrm import (
     CANDIDATE,
     CANDIDATE1,
     CANDIDATE2,
