@@ -1,11 +1,11 @@
 """Replicas of the AdaFuse authors' lenient scorers (CCM0111/AdaFuse `evaluation/`, research notes §5).
 
 They let our numbers sit beside the paper's Table 1; report them next to the standard metrics, never
-instead of them. Each takes the raw generation and extracts its answer the authors' way: their `pred`
-was the text after the last "Answer:" cut at the first "question:", "note:" or "<", and our generation
-already starts after "Answer:", so only the cut is applied. One difference remains on purpose: the
-authors joined predictions to references on the lower-cased question, which merges duplicate questions
-(2500 -> 2497 SQuAD rows); we score every row.
+instead of them. Each takes the raw generation and extracts its answer the authors' way (`authors_pred`).
+One difference remains on purpose: the authors joined predictions to references on the lower-cased
+question, which merges duplicate questions (2500 -> 2497 SQuAD rows); we score every row.
+tests/unit/test_authors_scorers.py holds these replicas to the verdicts of the authors' own scripts on our
+committed grid predictions (tests/fixtures/authors_scorers/README.md).
 """
 
 import re
@@ -25,11 +25,22 @@ from eval.metrics import (
 )
 
 _STOP_MARKERS = re.compile(r"question:|note:|<", re.IGNORECASE)
+# what their writer's clean_text_before_question can still find once the stop markers are gone
+_SPACED_MARKERS = re.compile(r"\bquestion\s*:|\bnote\s*:", re.IGNORECASE)
 
 
 def cut_at_stop_markers(generation: str) -> str:
-    """The authors' `pred`: the generation before the first "question:", "note:" or "<" (any case), stripped."""
+    """Where the authors' decoding loop stopped: the generation before the first "question:", "note:" or "<"
+    (any case), stripped."""
     return _STOP_MARKERS.split(generation, maxsplit=1)[0].strip()
+
+
+def authors_pred(generation: str) -> str:
+    """The authors' `pred` for a generation: what their loop kept (`cut_at_stop_markers`), then their writer's
+    extraction: the text after the last "Answer:" (our generation starts after the prompt's, but may hold more),
+    cut at "question :" or "note :" (a space before the colon, which the stop rule misses), stripped."""
+    kept = cut_at_stop_markers(generation).split("Answer:")[-1]
+    return _SPACED_MARKERS.split(kept, maxsplit=1)[0].strip()
 
 
 # --- QA: NQ, SQuAD, TriviaQA ---------------------------------------------------------------------------------
@@ -41,9 +52,9 @@ _STOPWORDS = (
     "could shall may might must"
 ).split()
 _STOPWORD_PATTERN = re.compile(r"\b(?:" + "|".join(_STOPWORDS) + r")\b")
-# eval_nq.py runs this after punctuation removal, so only a curly apostrophe can still be there; the stored
-# copy of its character class reads as two straight quotes, which we take for a straight and a curly one.
-_NQ_POSSESSIVE = re.compile(r"\b(\w+)['\u2019]s\b")
+# eval_nq.py's possessive rule, `\b(\w+)['']s\b` (two straight quotes), runs after punctuation removal has
+# deleted every straight apostrophe, so it never fires: "Obama's" becomes "obamas" and the plural rule makes it
+# "obama", while a curly "Obama’s" keeps its apostrophe and becomes "obama’". We have no possessive step for NQ.
 _SQUAD_POSSESSIVE = re.compile(r"(\w+)'s\b")
 
 # The authors' normalisers also meant to turn number words into digits with word2number, but never imported
@@ -55,10 +66,9 @@ def _singular(token: str) -> str:
 
 
 def _nq_normalize(text: str) -> str:
-    """NFD, lower-case, ASCII punctuation, stopwords, possessive 's, then a crude singular of 4+ letter tokens."""
+    """NFD, lower-case, ASCII punctuation, stopwords, then a crude singular of 4+ letter tokens."""
     text = drop_punctuation(unicodedata.normalize("NFD", text).lower())
-    text = _NQ_POSSESSIVE.sub(r"\1", _STOPWORD_PATTERN.sub(" ", text))
-    return " ".join(_singular(token) for token in text.split())
+    return " ".join(_singular(token) for token in _STOPWORD_PATTERN.sub(" ", text).split())
 
 
 def _squad_lenient_normalize(text: str) -> str:
@@ -75,6 +85,8 @@ def _trivia_normalize(text: str) -> str:
 def _as_int(normalized: str) -> int | None:
     # eval_nq.py and eval_squad.py also called the never-imported word2number here and caught only
     # ValueError, so any non-numeric answer crashed them; we keep what they meant: both sides must be digits.
+    # They test str.isdigit(), which also passes digits like "²" that int() rejects: their scorers crash there
+    # (ValueError, in every version of the three); isdecimal() makes such a token "not a number" here.
     return int(normalized) if normalized.isdecimal() else None
 
 
@@ -100,13 +112,14 @@ def _lenient_match(pred: str, gold: str, max_length_gap: int) -> bool:
 
 
 def _best_lenient_match(generation: str, aliases: list[str], normalize, max_length_gap: int) -> float:
-    pred = normalize(cut_at_stop_markers(generation))
+    pred = normalize(authors_pred(generation))
     return max(float(_lenient_match(pred, normalize(alias), max_length_gap)) for alias in aliases)
 
 
 def paper_em_nq(generation: str, aliases: list[str]) -> float:
-    """Mirrors eval_nq.py. Lenient: stopwords, possessives and plural s are dropped before comparing, and a
-    1-2 token answer counts as correct when its tokens all appear anywhere in the other side."""
+    """Mirrors eval_nq.py. Lenient: stopwords and a plural s (so the s of a straight-apostrophe 's too) are
+    dropped before comparing, and a 1-2 token answer counts as correct when its tokens all appear anywhere in
+    the other side."""
     return _best_lenient_match(generation, aliases, _nq_normalize, max_length_gap=1)
 
 
@@ -152,7 +165,7 @@ def paper_acc_gsm(generation: str, references: list[str]) -> float:
     after "the answer is", or the whole reference (ours are plain numbers). Lenient: after keeping only digits
     and dots, a match is equality OR either string inside the other, so "8" matches "18", an unboxed chain of
     thought matches when its concatenated digits end in the answer, and a lone "." matches every answer."""
-    cut = cut_at_stop_markers(generation)
+    cut = authors_pred(generation)
     boxed = _FIRST_BOXED.search(cut)
     pred = _gsm_normalize(boxed.group(1).strip() if boxed else cut)
     golds = [(m.group(1).strip() if (m := _GOLD_ANSWER_IS.search(ref)) else ref) for ref in references]
@@ -182,7 +195,7 @@ def paper_bleu(generations: list[str], references: list[list[str]]) -> float:
     number. 0.0 when every row is dropped (the authors' script printed no score then)."""
     if len(generations) != len(references):
         raise ValueError(f"{len(generations)} generations but {len(references)} reference lists")
-    rows = [(cut_at_stop_markers(gen), _single_reference(refs).strip()) for gen, refs in zip(generations, references)]
+    rows = [(authors_pred(gen), _single_reference(refs).strip()) for gen, refs in zip(generations, references)]
     kept = [(_nfc(pred), _nfc(ref)) for pred, ref in rows if pred and ref]
     if not kept:
         return 0.0

@@ -6,6 +6,7 @@ from sacrebleu.metrics import BLEU
 
 from eval.metrics import METRICS, squad_em
 from eval.paper_metrics import (
+    authors_pred,
     cut_at_stop_markers,
     paper_acc_gsm,
     paper_bleu,
@@ -30,6 +31,24 @@ def test_cut_keeps_the_text_before_the_first_stop_marker(generation, pred):
 
 
 @pytest.mark.parametrize(
+    "generation, pred",
+    [
+        (" Paris\n\nQuestion: who wrote Faust?\nAnswer: Goethe", "Paris"),  # the stop comes first
+        # their writer takes the text after the LAST "Answer:" of the prompt and what was generated
+        (" The capital.\nAnswer: Paris", "Paris"),
+        (" 3 + 15 = 18.\nFinal Answer: 18 Answer:", ""),
+        (" Paris answer: Lyon", "Paris answer: Lyon"),  # case-sensitive
+        # clean_text_before_question also cuts at a space before the colon, which the stop rule misses
+        (" Paris. Note : a guess", "Paris."),
+        (" Paris question\n: next", "Paris"),
+        (" Paris footnote : x", "Paris footnote : x"),  # \bnote
+    ],
+)
+def test_authors_pred_is_what_their_writer_extracts(generation, pred):
+    assert authors_pred(generation) == pred
+
+
+@pytest.mark.parametrize(
     "generation, aliases, correct",
     [
         # a 2-token gold is a subset of the prediction: accepted however long the prediction is
@@ -39,9 +58,12 @@ def test_cut_keeps_the_text_before_the_first_stop_marker(generation, pred):
         (" 14 December 1972 UTC at noon GMT", ["14 December 1972"], 0.0),
         # a 1-token prediction inside the gold
         (" Obama", ["Barack Obama"], 1.0),
-        # plural and possessive endings, curly apostrophe included
+        # plural ending; a straight-apostrophe possessive loses its apostrophe with the punctuation, then its s
         (" beatle", ["The Beatles"], 1.0),
-        (" Obama’s", ["Obama"], 1.0),
+        (" Obama's", ["Obama"], 1.0),
+        # eval_nq.py's possessive rule never fires (it wants a straight apostrophe after punctuation removal
+        # deleted them all): a curly one stays, "obama’s" -> "obama’" (their script says 0 too: literals.json)
+        (" Obama’s", ["Obama"], 0.0),
         # stopwords vanish: an all-stopword gold equals an empty prediction
         ("", ["The Who"], 1.0),
         # integers compare by value; number words were never converted in the authors' run
