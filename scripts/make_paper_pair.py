@@ -313,8 +313,6 @@ def mistral03_config() -> tuple[dict, dict]:
         "sliding_window": None,
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
-        # The hub's: transformers reads it (a mistral model_type saved before 5.0 draws a warning about
-        # Mistral's Tekken split regex, which does not apply to this SentencePiece tokenizer).
         "transformers_version": "4.42.0.dev0",
         "use_cache": True,
         "vocab_size": 32768,
@@ -465,25 +463,26 @@ def build(name: str, out: Path) -> Path:
     return target
 
 
-def confident_share(path: Path, prompts: list[str], steps: int = 24, tau: float = 0.7) -> tuple[int, int]:
-    """(confident steps, steps) of greedy decoding, control tokens masked as AdaFuse masks them."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def confident_share(tokenizer, model, prompts: list[str], steps: int = 24, tau: float = 0.7) -> tuple[int, int]:
+    """(confident steps, steps) of greedy decoding, control tokens masked as AdaFuse masks them
+    (every added token but the end-of-sequence ones)."""
+    import inspect
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    eos = set(
-        model.generation_config.eos_token_id
-        if isinstance(model.generation_config.eos_token_id, list)
-        else [model.generation_config.eos_token_id]
-    ) | {tokenizer.eos_token_id}
+    import torch
+    from transformers import DynamicCache
+
+    # transformers >= 5.24 names the argument `cache`; 5.23 `past_key_values` (as adafuse/model.py)
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    gen_eos = model.generation_config.eos_token_id
+    eos = set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) | {tokenizer.eos_token_id}
     control = sorted(set(tokenizer.added_tokens_decoder) - eos)
     confident = total = 0
     for prompt in prompts:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        ids = tokenizer(prompt, return_tensors="pt").input_ids.to(model.device)
+        step, cache = ids, DynamicCache()
         for _ in range(steps):
             with torch.no_grad():
-                logits = model(ids).logits[0, -1].float()
+                logits = model(step, **{cache_arg: cache}, use_cache=True, logits_to_keep=1).logits[0, -1].float()
             logits[control] = float("-inf")
             p = logits.softmax(-1).topk(2).values
             confident += int(p[0] - p[1] >= tau)
@@ -491,8 +490,16 @@ def confident_share(path: Path, prompts: list[str], steps: int = 24, tau: float 
             nxt = int(logits.argmax())
             if nxt in eos:
                 break
-            ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+            step = torch.tensor([[nxt]], device=model.device)
     return confident, total
+
+
+def measure(path: Path) -> tuple[int, int]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return confident_share(AutoTokenizer.from_pretrained(path), model, MEASURE_PROMPTS)
 
 
 MEASURE_PROMPTS = [
@@ -517,7 +524,7 @@ def main(argv=None) -> int:
         path = build(name, args.out)
         print(path)
         if args.measure:
-            confident, total = confident_share(path, MEASURE_PROMPTS)
+            confident, total = measure(path)
             print(f"  confident greedy steps (top-1 - top-2 >= 0.7): {confident}/{total} = {confident / total:.0%}")
     return 0
 
