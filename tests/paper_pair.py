@@ -9,15 +9,17 @@ Run the paper's main command on it with `overrides(dirs)`:
     python run.py model_pair=llama_mistral model_pair.members.m0.path=DIR/llama31_8b_instruct \\
         model_pair.members.m1.path=DIR/mistral7b_instruct_v03 task=nq task.limit=3
 
-Where the hub's `tokenizer_config.json` of Mistral-7B-Instruct-v0.3 stands on `legacy`: we did not
-find a public copy of that exact file to quote (the repository is gated). What we found: the hub's
-Mistral-7B-v0.3 tokenizer.json (the same tokenizer) pre-tokenizes with Metaspace, prepend_scheme
-"first", split false, no normalizer (a public write-up of hub tokenizer files pins it: revision
-caa1feb0e54d, 771 added tokens, 58,980 merges), which is what transformers writes for
-legacy=False; the tokenizer_config.json of Mistral repositories saved since 2024 (e.g.
-trl-internal-testing/tiny-MistralForCausalLM-0.2) carry `"legacy": false`. So we write
-`"legacy": false`. With transformers 5.x it does not matter: the tokenizer's pipeline comes from
-tokenizer.json, and loading with legacy=True gives the same ids (tests/engine/test_paper_pair.py).
+Where the hub's `tokenizer_config.json` of Mistral-7B-Instruct-v0.3 stands on `legacy`: we found no
+public copy of that exact file to quote (the repository is gated). What we found: the hub's
+tokenizer.json of that model (mistralai/Mistral-7B-Instruct-v0.3@c170c708c41d, sha256 e553af6f...,
+1,961,548 bytes, pinned in a public registry of official tokenizer files), which the build reproduces
+byte for byte, pre-tokenizes with Metaspace, prepend_scheme "first", split false, and no normalizer:
+what transformers' converter writes for legacy=False (legacy=True writes prepend_scheme "always").
+Repositories saved from it since (e.g. trl-internal-testing/tiny-MistralForCausalLM-0.2) carry
+`"legacy": false` in tokenizer_config.json. So we write `"legacy": false`. With transformers 5.x it
+decides nothing: a directory whose config.json says model_type "mistral" loads as a TokenizersBackend
+straight from tokenizer.json, and loading with legacy=True gives the same ids
+(tests/engine/test_paper_pair.py).
 """
 
 import hashlib

@@ -91,6 +91,20 @@ def test_the_directories_are_laid_out_as_the_hub_serves_them(paper_pair_dir):
             assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # saved as the hub saves them
 
 
+def test_the_tokenizer_files_are_the_hubs_own(paper_pair_dir):
+    """tokenizer.json of both, and Mistral's tokenizer.model.v3, are byte-identical to the hub's (the
+    script checks each against a pinned sha256 and records it); Llama's tokenizer_config.json is the
+    hub's Llama-3.1-8B one but for the Instruct model's eos token."""
+    for name in NAMES:
+        shape = json.loads((paper_pair_dir / name / "adafuse_shape.json").read_text())
+        assert shape["same_bytes_as_hub"] and all(shape["same_bytes_as_hub"].values()), (name, shape)
+    config = json.loads((paper_pair_dir / LLAMA / "tokenizer_config.json").read_text())
+    assert config["eos_token"] == "<|eot_id|>"
+    base = json.dumps({**config, "eos_token": "<|end_of_text|>"}, indent=2, ensure_ascii=False, sort_keys=True) + "\n"
+    digest = hashlib.sha256(base.encode()).hexdigest()  # meta-llama/Llama-3.1-8B@d04e592bb4f6's tokenizer_config.json
+    assert digest == "8004530facf809ac432114de2a4dcc65fcb632da5ec16d666091aeb6a2ee444a"
+
+
 def test_the_configs_carry_the_papers_models_shape(llama, mistral):
     lc, mc = llama.model.config, mistral.model.config
     assert (llama.vocab_size, mistral.vocab_size) == (128256, 32768)
