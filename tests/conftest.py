@@ -40,3 +40,27 @@ def smol(tiny):
 @pytest.fixture(scope="session")
 def gemma(tiny):
     return tiny.members[1]
+
+
+@pytest.fixture(scope="session")
+def paper_pair_dir() -> Path:
+    """The paper's pair in shape (real tokenizers, tiny random weights), built once and cached:
+    tests/paper_pair.py. Skipped where llama-models or mistral-common is not installed (the `test` extra)."""
+    from tests.paper_pair import paper_pair_dir as build
+
+    try:
+        return build()
+    except SystemExit as err:
+        pytest.skip(f"the paper-shaped pair cannot be built: {err}")
+
+
+@pytest.fixture(scope="session")
+def paper_pair(paper_pair_dir):
+    """Llama-3.1-8B-Instruct and Mistral-7B-Instruct-v0.3 in shape, as members, float32 on the CPU.
+
+    Loaded apart from the runner's member cache, so that the runs other tests start keep the tiny pair."""
+    from adafuse import Ensemble
+    from adafuse.config import ModelConfig
+    from tests.paper_pair import NAMES
+
+    return Ensemble.from_config([ModelConfig(name=n, path=str(paper_pair_dir / n), dtype="float32") for n in NAMES])

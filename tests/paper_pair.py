@@ -1,0 +1,88 @@
+"""The paper's pair in shape (scripts/make_paper_pair.py): Llama-3.1-8B-Instruct and
+Mistral-7B-Instruct-v0.3 as the hub lays them out, with their real tokenizers and tiny random
+bfloat16 weights. Built once per version of the script and cached under
+`$ADAFUSE_CACHE/paper_pair/<key>/` (default ~/.cache/adafuse), keyed by the script's bytes and the
+torch and transformers versions that write the files; a build takes about 20 seconds.
+
+Run the paper's main command on it with `overrides(dirs)`:
+
+    python run.py model_pair=llama_mistral model_pair.members.m0.path=DIR/llama31_8b_instruct \\
+        model_pair.members.m1.path=DIR/mistral7b_instruct_v03 task=nq task.limit=3
+
+Where the hub's `tokenizer_config.json` of Mistral-7B-Instruct-v0.3 stands on `legacy`: we found no
+public copy of that exact file to quote (the repository is gated). What we found: the hub's
+tokenizer.json of that model (mistralai/Mistral-7B-Instruct-v0.3@c170c708c41d, sha256 e553af6f...,
+1,961,548 bytes, pinned in a public registry of official tokenizer files), which the build reproduces
+byte for byte, pre-tokenizes with Metaspace, prepend_scheme "first", split false, and no normalizer:
+what transformers' converter writes for legacy=False (legacy=True writes prepend_scheme "always").
+Repositories saved from it since (e.g. trl-internal-testing/tiny-MistralForCausalLM-0.2) carry
+`"legacy": false` in tokenizer_config.json. So we write `"legacy": false`. With transformers 5.x it
+decides nothing: a directory whose config.json says model_type "mistral" loads as a TokenizersBackend
+straight from tokenizer.json, and loading with legacy=True gives the same ids
+(tests/engine/test_paper_pair.py).
+"""
+
+import hashlib
+import importlib.util
+import shutil
+import tempfile
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+SCRIPT = ROOT / "scripts" / "make_paper_pair.py"
+NAMES = ("llama31_8b_instruct", "mistral7b_instruct_v03")
+
+
+def script_module():
+    spec = importlib.util.spec_from_file_location("make_paper_pair", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cache_key() -> str:
+    import torch
+    import transformers
+
+    h = hashlib.sha256(SCRIPT.read_bytes())
+    h.update(f"torch {torch.__version__} transformers {transformers.__version__}".encode())
+    return h.hexdigest()[:16]
+
+
+def built(root: Path) -> bool:
+    return all(
+        (root / name / "model.safetensors").is_file() and (root / name / "adafuse_shape.json").is_file()
+        for name in NAMES
+    )
+
+
+def paper_pair_dir(cache_dir: Path | None = None) -> Path:
+    """The directory holding both shaped models, built on first use.
+
+    Raises SystemExit (from the script) when llama-models or mistral-common is not installed.
+    Built in a private temporary directory and renamed into place, so parallel test sessions never
+    see half a model.
+    """
+    from adafuse.loading import default_cache_dir
+
+    root = (cache_dir or default_cache_dir()) / "paper_pair" / cache_key()
+    if built(root):
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
+    try:
+        script_module().main([str(work)])
+        try:
+            work.rename(root)
+        except OSError:  # another session finished first; its copy is the same bytes
+            if not built(root):
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return root
+
+
+def overrides(root: Path) -> list[str]:
+    """Command-line overrides that point the paper's pair (model_pair=llama_mistral) at the shaped models."""
+    return [f"model_pair.members.m{i}.path={root / name}" for i, name in enumerate(NAMES)]
