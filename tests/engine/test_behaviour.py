@@ -9,10 +9,8 @@ from adafuse import AdaFuseConfig, SingleConfig
 from adafuse.decode import Word, complete_words, cut_to_char
 from adafuse.errors import NumericsError
 from adafuse.model import Member
-from tests.engine.helpers import decode as generate
-from tests.engine.helpers import decode as greedy
 
-from .helpers import clone, nq_prompt
+from .helpers import clone, decode, nq_prompt
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +20,7 @@ STORY = "Once upon a time, in a small village,"
 
 
 def test_tau_zero_commits_max_words_per_model_every_round(tiny):
-    gen = generate(tiny.members, STORY, AdaFuseConfig(tau=0.0, max_words=3), max_new_tokens=24, trace=True)
+    gen = decode(tiny.members, STORY, AdaFuseConfig(tau=0.0, max_words=3), max_new_tokens=24, trace=True)
     for rnd in gen.trace.rounds:
         for model_round in rnd.models:
             assert not model_round.branched
@@ -32,7 +30,7 @@ def test_tau_zero_commits_max_words_per_model_every_round(tiny):
 
 
 def test_tau_above_one_ends_every_round_after_one_word(tiny):
-    gen = generate(tiny.members, MT, AdaFuseConfig(tau=1.01), max_new_tokens=16, trace=True)
+    gen = decode(tiny.members, MT, AdaFuseConfig(tau=1.01), max_new_tokens=16, trace=True)
     assert gen.stats.rounds >= 3
     assert gen.stats.words_per_round == [1] * gen.stats.rounds
     for rnd in gen.trace.rounds:
@@ -40,8 +38,8 @@ def test_tau_above_one_ends_every_round_after_one_word(tiny):
 
 
 def test_branches_explore_distinct_first_tokens_after_the_committed_words(tiny):
-    one = generate(tiny.members, QA, AdaFuseConfig(branches=1), stop=["\n"], max_new_tokens=4, trace=True)
-    three = generate(tiny.members, QA, AdaFuseConfig(branches=3), stop=["\n"], max_new_tokens=4, trace=True)
+    one = decode(tiny.members, QA, AdaFuseConfig(branches=1), stop=["\n"], max_new_tokens=4, trace=True)
+    three = decode(tiny.members, QA, AdaFuseConfig(branches=3), stop=["\n"], max_new_tokens=4, trace=True)
     first_one, first_three = one.trace.rounds[0], three.trace.rounds[0]
     for k, model_round in enumerate(first_three.models):
         assert model_round.branched  # this prompt starts uncertain for both small models
@@ -57,8 +55,8 @@ def test_branches_explore_distinct_first_tokens_after_the_committed_words(tiny):
 @pytest.mark.parametrize("prompt, stop", [(QA, ["\n"]), (MT, ["\n"]), (STORY, ["."])])
 def test_one_model_with_one_branch_is_greedy_decoding(tiny, prompt, stop):
     for k, member in enumerate(tiny.members):
-        alone = generate([member], prompt, AdaFuseConfig(branches=1), stop=stop, max_new_tokens=40)
-        reference = greedy(tiny.members, prompt, SingleConfig(k), stop=stop, max_new_tokens=40)
+        alone = decode([member], prompt, AdaFuseConfig(branches=1), stop=stop, max_new_tokens=40)
+        reference = decode(tiny.members, prompt, SingleConfig(k), stop=stop, max_new_tokens=40)
         if "length" in (alone.stats.stop_reason, reference.stats.stop_reason):
             assert alone.text.startswith(reference.text) or reference.text.startswith(alone.text)
         else:
@@ -68,11 +66,11 @@ def test_one_model_with_one_branch_is_greedy_decoding(tiny, prompt, stop):
 def test_a_model_paired_with_itself_reproduces_its_greedy_output(tiny, smol):
     pair = [smol, clone(smol)]
     for prompt, stop in [(QA, ["\n"]), (MT, ["\n"])]:
-        selfpair = generate(pair, prompt, AdaFuseConfig(branches=1), stop=stop, max_new_tokens=40)
-        assert selfpair.text == greedy([smol], prompt, SingleConfig(0), stop=stop, max_new_tokens=40).text
+        selfpair = decode(pair, prompt, AdaFuseConfig(branches=1), stop=stop, max_new_tokens=40)
+        assert selfpair.text == decode([smol], prompt, SingleConfig(0), stop=stop, max_new_tokens=40).text
         # with branches too, two copies of one model decide exactly as the model alone
-        paired = generate(pair, prompt, AdaFuseConfig(), stop=stop, max_new_tokens=24, trace=True)
-        alone = generate([smol], prompt, AdaFuseConfig(), stop=stop, max_new_tokens=24)
+        paired = decode(pair, prompt, AdaFuseConfig(), stop=stop, max_new_tokens=24, trace=True)
+        alone = decode([smol], prompt, AdaFuseConfig(), stop=stop, max_new_tokens=24)
         assert paired.text == alone.text
         for rnd in paired.trace.rounds:
             for c in rnd.candidates:
@@ -80,9 +78,9 @@ def test_a_model_paired_with_itself_reproduces_its_greedy_output(tiny, smol):
 
 
 def test_stop_reasons_and_budget(tiny):
-    gen = generate(tiny.members, QA, AdaFuseConfig(), stop=["\n"], max_new_tokens=40)
+    gen = decode(tiny.members, QA, AdaFuseConfig(), stop=["\n"], max_new_tokens=40)
     assert gen.stats.stop_reason == "stop" and "\n" not in gen.text
-    gen = generate(tiny.members, STORY, AdaFuseConfig(), max_new_tokens=10)
+    gen = decode(tiny.members, STORY, AdaFuseConfig(), max_new_tokens=10)
     assert gen.stats.stop_reason == "length"
     assert max(gen.stats.tokens_generated) >= 10 > max(gen.stats.tokens_generated) - 3 * 20  # at most one round over
     assert [len(i) for i in gen.ids] == gen.stats.tokens_generated
@@ -91,7 +89,7 @@ def test_stop_reasons_and_budget(tiny):
 
 
 def test_stats_count_forward_passes_and_tokens(tiny):
-    gen = generate(tiny.members, QA, AdaFuseConfig(), stop=["\n"], max_new_tokens=16)
+    gen = decode(tiny.members, QA, AdaFuseConfig(), stop=["\n"], max_new_tokens=16)
     stats = gen.stats
     assert stats.rounds == len(stats.words_per_round) >= 1
     assert all(f >= stats.rounds for f in stats.forward_passes)
@@ -106,7 +104,7 @@ def test_non_finite_logits_are_a_named_error_naming_model_and_round(tiny, smol, 
     broken_model.model.norm.weight.data.fill_(float("nan"))  # every logit becomes NaN, as in a fp16 overflow
     broken = Member("broken_smollm2", smol.tokenizer, broken_model)
     with pytest.raises(NumericsError, match=rf"model 'broken_smollm2'.*{what}.*round 0|{what}.*round 0"):
-        generate([clone(tiny.members[1]), broken], QA, AdaFuseConfig(**options), stop=["\n"], max_new_tokens=8)
+        decode([clone(tiny.members[1]), broken], QA, AdaFuseConfig(**options), stop=["\n"], max_new_tokens=8)
 
 
 def test_control_tokens_never_form_words(tiny, gemma, shared_data):
@@ -119,7 +117,7 @@ def test_control_tokens_never_form_words(tiny, gemma, shared_data):
     assert not gemma.control_ids & gemma.eos_ids
     assert not {gemma.tokenizer.convert_tokens_to_ids(t) for t in ["\n\n", "\t\t"]} & gemma.control_ids
     prompt, stop = nq_prompt(shared_data, "nq-4")
-    gen = generate(tiny.members, prompt, AdaFuseConfig(), stop=stop, max_new_tokens=12, trace=True)
+    gen = decode(tiny.members, prompt, AdaFuseConfig(), stop=stop, max_new_tokens=12, trace=True)
     assert "<start_of_image>" not in gen.text
     for rnd in gen.trace.rounds:
         for c in rnd.candidates:

@@ -5,9 +5,8 @@ import torch
 
 from adafuse import AdaFuseConfig, reference
 from adafuse.model import common_prefix
-from tests.engine.helpers import decode as generate
 
-from .helpers import clone
+from .helpers import clone, decode
 
 pytestmark = pytest.mark.slow
 
@@ -128,7 +127,7 @@ def test_generated_text_that_looks_like_a_control_token_is_encoded_as_text(tiny)
 
 def test_cache_length_equals_context_after_every_decode(tiny):
     for prompt in ["Question: what is the tallest mountain?\nAnswer:", "Once upon a time,"]:
-        generate(tiny.members, prompt, AdaFuseConfig(), stop=["\n"], max_new_tokens=12)
+        decode(tiny.members, prompt, AdaFuseConfig(), stop=["\n"], max_new_tokens=12)
         for m in tiny.members:
             m.check_invariant()
             assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)

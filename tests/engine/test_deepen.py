@@ -7,17 +7,18 @@ about a minute, and map each distribution's 512 most probable tokens (`support`)
 can write its rows out densely; the decoding step is the same for any anchor count and support.
 """
 
+import weakref
+
 import pytest
 import torch
 
-import baselines.deepen as deepen
+import baselines.deepen_transfer as deepen_transfer
 from adafuse.config import SingleConfig
 from adafuse.errors import ConfigError
 from baselines.deepen import DeepenConfig
 from baselines.deepen_transfer import prepare
-from tests.engine.helpers import clone
-from tests.engine.helpers import decode as generate
-from tests.engine.helpers import decode as greedy
+from baselines.vocab import vocabulary_of
+from tests.engine.helpers import clone, decode
 from tests.engine.test_unite import CASES
 from tests.engine.token_reference import PARTIAL, RefMember, stopped
 
@@ -99,7 +100,7 @@ def reference(members, prompt: str, cfg: DeepenConfig, stop=(), max_new_tokens: 
 
 
 def same_as_reference(members, prompt, cfg, stop, budget):
-    gen = generate(members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
+    gen = decode(members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
     text, reason, ids = reference(members, prompt, cfg, stop, budget)
     assert (gen.text, gen.stats.stop_reason) == (text, reason)
     assert gen.ids == ids
@@ -126,7 +127,7 @@ def test_deepen_equals_the_plain_reference_with_gemma_as_main(tiny, prompt, stop
 def test_agreeing_steps_are_skipped_and_the_rest_fused(tiny):
     cfg = DeepenConfig(max_anchors=ANCHORS, support=SUPPORT)
     gen = same_as_reference(tiny.members, "The sum of 128 and 256 is", cfg, [], 8)
-    vocabs = [deepen.vocabulary_of(m) for m in tiny.members]
+    vocabs = [vocabulary_of(m) for m in tiny.members]
     fused = []
     for step in gen.trace.steps:
         texts = {v.texts[i] for v, i in zip(vocabs, step.argmax)}
@@ -147,24 +148,24 @@ def test_three_members_with_a_clone_match_the_reference(tiny, smol):
 def test_lr_zero_is_the_main_members_greedy_decoding(tiny):
     prompt = "Englisch: The old house is very small.\nDeutsch:"
     for main in (0, 1):
-        gen = generate(
+        gen = decode(
             tiny.members,
             prompt,
             DeepenConfig(main=main, lr=0, max_anchors=ANCHORS, support=SUPPORT),
             stop=["\n"],
             max_new_tokens=12,
         )
-        alone = greedy(tiny.members, prompt, SingleConfig(member=main), stop=["\n"], max_new_tokens=12)
+        alone = decode(tiny.members, prompt, SingleConfig(member=main), stop=["\n"], max_new_tokens=12)
         assert gen.text == alone.text
 
 
 def test_budget_stop_string_and_eos(tiny, smol):
     cfg = DeepenConfig(max_anchors=ANCHORS, support=SUPPORT)
-    gen = generate(tiny.members, "Once upon a time", cfg, max_new_tokens=5)
+    gen = decode(tiny.members, "Once upon a time", cfg, max_new_tokens=5)
     assert gen.stats.stop_reason == "length" and max(gen.stats.tokens_generated) >= 5
     # Gemma as main: SmolLM2 alone ends this prompt at once with its eos.
     question = "Question: What is the capital of France?\nAnswer:"
-    gen = generate(
+    gen = decode(
         tiny.members,
         question,
         DeepenConfig(main=1, max_anchors=ANCHORS, support=SUPPORT),
@@ -173,35 +174,35 @@ def test_budget_stop_string_and_eos(tiny, smol):
     )
     assert gen.stats.stop_reason == "stop" and "is" not in gen.text
     chat = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
-    gen = generate([smol, clone(smol)], chat, cfg, max_new_tokens=40)
+    gen = decode([smol, clone(smol)], chat, cfg, max_new_tokens=40)
     assert gen.stats.stop_reason == "eos" and "<|im_end|>" not in gen.text
 
 
 def test_the_real_pair_reads_its_matrices_back_from_disk(tiny, smol, tmp_path, monkeypatch):
-    monkeypatch.setattr(deepen, "_LOADED", {})
-    monkeypatch.setattr(deepen, "_TRANSFERS", {})
+    monkeypatch.setattr(deepen_transfer, "_TRANSFERS", weakref.WeakKeyDictionary())
     cfg = DeepenConfig(max_anchors=256, cache_dir=str(tmp_path))
     built = prepare(tiny.members, cfg)
     (path,) = (tmp_path / "deepen").glob("*.safetensors")
-    meta = deepen.read_metadata(path)
+    meta = deepen_transfer.read_metadata(path)
     assert meta["anchors"] == "256" and {meta[k] for k in meta if k.endswith(".name")} == {
         "smollm2_135m",
         "gemma3_270m",
     }
-    monkeypatch.setattr(deepen, "_LOADED", {})
-    monkeypatch.setattr(deepen, "_TRANSFERS", {})
-    monkeypatch.setattr(deepen, "build_transfer", lambda *a, **k: pytest.fail("built again instead of reading"))
+    monkeypatch.setattr(deepen_transfer, "_TRANSFERS", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(
+        deepen_transfer, "build_transfer", lambda *a, **k: pytest.fail("built again instead of reading")
+    )
     read = prepare(tiny.members, cfg)
     assert all(torch.equal(a.slope, b.slope) and torch.equal(a.top_ids, b.top_ids) for a, b in zip(built, read))
     # Another set of models is another file (SmolLM2 with itself: its whole vocabulary is the anchors' pool).
     monkeypatch.undo()
-    monkeypatch.setattr(deepen, "_LOADED", {})
+    monkeypatch.setattr(deepen_transfer, "_TRANSFERS", weakref.WeakKeyDictionary())
     prepare([smol, clone(smol)], cfg)
     assert len(list((tmp_path / "deepen").glob("*.safetensors"))) == 2
 
 
 def test_a_main_member_that_does_not_exist_is_refused(tiny):
     with pytest.raises(ConfigError, match="main member 2 does not exist"):
-        generate(tiny.members, "Hi", DeepenConfig(main=2), max_new_tokens=2)
+        decode(tiny.members, "Hi", DeepenConfig(main=2), max_new_tokens=2)
     with pytest.raises(ConfigError, match="1 weights for 2 members"):
-        generate(tiny.members, "Hi", DeepenConfig(weights=[1.0]), max_new_tokens=2)
+        decode(tiny.members, "Hi", DeepenConfig(weights=[1.0]), max_new_tokens=2)

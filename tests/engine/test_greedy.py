@@ -1,4 +1,4 @@
-"""method=single must equal transformers' own greedy generate() token for token."""
+"""method=single must equal transformers' own greedy decode() token for token."""
 
 import pytest
 import torch
@@ -6,9 +6,8 @@ from transformers import GenerationConfig
 
 from adafuse import SingleConfig
 from adafuse.words import REPLACEMENT
-from tests.engine.helpers import decode as generate
 
-from .helpers import nq_prompt
+from .helpers import decode, nq_prompt
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +36,7 @@ def hf_greedy(member, prompt: str, budget: int) -> list[int]:
 def test_single_equals_generate_token_for_token(tiny, index):
     member = tiny.members[index]
     for prompt in PROMPTS:
-        ours = generate(tiny.members, prompt, SingleConfig(member=index), max_new_tokens=12)
+        ours = decode(tiny.members, prompt, SingleConfig(member=index), max_new_tokens=12)
         assert ours.ids[0] == hf_greedy(member, prompt, 12), prompt
         # The text is the ids' text, less a character the budget cut part-way through.
         assert ours.text == member.text_of(ours.ids[0], member.encode(prompt)).removesuffix(REPLACEMENT)
@@ -45,24 +44,24 @@ def test_single_equals_generate_token_for_token(tiny, index):
 
 def test_single_stops_at_stop_strings_and_eos(tiny, smol):
     prompt = "Question: What is the capital of France?\nAnswer:"
-    free = generate(tiny.members, prompt, SingleConfig(1), max_new_tokens=40)
+    free = decode(tiny.members, prompt, SingleConfig(1), max_new_tokens=40)
     assert "\nQuestion:" in free.text  # the base model runs on into the next few-shot item
-    gen = generate(tiny.members, prompt, SingleConfig(1), stop=["\nQuestion:"], max_new_tokens=40)
+    gen = decode(tiny.members, prompt, SingleConfig(1), stop=["\nQuestion:"], max_new_tokens=40)
     assert gen.stats.stop_reason == "stop"
     assert gen.text == free.text.split("\nQuestion:")[0]
-    gen = generate(tiny.members, prompt, SingleConfig(1), max_new_tokens=7)
+    gen = decode(tiny.members, prompt, SingleConfig(1), max_new_tokens=7)
     assert gen.stats.stop_reason == "length" and len(gen.ids[0]) == 7
     smol_chat = type(smol)(smol.name, smol.tokenizer, smol.model, chat_template=True)
-    gen = generate([smol_chat], "What is 2 + 2? Answer with one number.", SingleConfig(0), max_new_tokens=40)
+    gen = decode([smol_chat], "What is 2 + 2? Answer with one number.", SingleConfig(0), max_new_tokens=40)
     assert gen.stats.stop_reason == "eos"
     assert gen.ids[0] and gen.ids[0][-1] not in smol.eos_ids
 
 
 def test_single_keeps_control_tokens_in_its_ids_and_out_of_its_text(tiny, gemma, shared_data):
-    """On this NQ question Gemma's greedy output is <start_of_image> repeated (as generate() gives it);
+    """On this NQ question Gemma's greedy output is <start_of_image> repeated (as decode() gives it);
     the prediction leaves control tokens out, as lm-evaluation-harness leaves special tokens out."""
     prompt, stop = nq_prompt(shared_data, "nq-4")
-    gen = generate(tiny.members, prompt, SingleConfig(1), stop=stop, max_new_tokens=8, trace=True)
+    gen = decode(tiny.members, prompt, SingleConfig(1), stop=stop, max_new_tokens=8, trace=True)
     assert gen.ids[0] == hf_greedy(gemma, prompt, 8)
     shown = [t for t in gen.ids[0] if t not in gemma.control_ids]
     assert len(shown) < len(gen.ids[0])  # control tokens were generated

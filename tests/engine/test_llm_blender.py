@@ -12,9 +12,7 @@ from adafuse import SingleConfig, reference
 from adafuse.errors import ConfigError, UnknownNameError
 from baselines.llm_blender import LLMBlenderConfig
 from baselines.pairrm import load_pairrm
-from tests.engine.helpers import assert_scores_match
-from tests.engine.helpers import decode as generate
-from tests.engine.helpers import decode as single
+from tests.engine.helpers import assert_scores_match, decode
 from tests.unit.test_pairrm import write_checkpoint
 
 from .helpers import clone, nq_few_shot_case
@@ -74,7 +72,7 @@ def slow_blender(members, prompt: str, stop, budget):
 
 
 def assert_agree(members, prompt, stop, budget):
-    fast = generate(members, prompt, LLMBlenderConfig(), stop=stop, max_new_tokens=budget, trace=True)
+    fast = decode(members, prompt, LLMBlenderConfig(), stop=stop, max_new_tokens=budget, trace=True)
     answers, candidates, fused, chosen, table = slow_blender(members, prompt, stop, budget)
     (ranking,) = fast.trace.steps
     assert ranking.ranker == "nll"
@@ -98,10 +96,10 @@ def test_llm_blender_equals_the_slow_implementation(tiny, shared_data):
 
 def test_each_answer_is_method_single_output(tiny):
     prompt, stop, budget = PROMPTS[4]
-    gen = generate(tiny.members, prompt, LLMBlenderConfig(), stop=stop, max_new_tokens=budget, trace=True)
+    gen = decode(tiny.members, prompt, LLMBlenderConfig(), stop=stop, max_new_tokens=budget, trace=True)
     read = sum(bool(c) for c in gen.trace.steps[0].candidates) > 1  # two answers with text to read
     for k in range(2):
-        alone = single(tiny.members, prompt, SingleConfig(k), stop=stop, max_new_tokens=budget)
+        alone = decode(tiny.members, prompt, SingleConfig(k), stop=stop, max_new_tokens=budget)
         assert gen.trace.steps[0].answers[k] == alone.text and gen.ids[k] == alone.ids[0]
         # cost: the member's greedy passes, plus one re-read of the prompt's last token and one batched read
         assert gen.stats.forward_passes[k] == alone.stats.forward_passes[0] + 2 * read
@@ -116,12 +114,12 @@ def test_three_members(tiny):
 
 def test_stop_string_budget_and_eos(tiny, smol):
     prompt = "Question: What is the capital of France?\nAnswer:"
-    gen = generate(tiny.members, prompt, LLMBlenderConfig(), stop=["\n"], max_new_tokens=24, trace=True)
+    gen = decode(tiny.members, prompt, LLMBlenderConfig(), stop=["\n"], max_new_tokens=24, trace=True)
     assert "\n" not in gen.text and gen.stats.stop_reason == "stop"
-    gen = generate(tiny.members, "The sum of 128 and 256 is", LLMBlenderConfig(), max_new_tokens=3, trace=True)
+    gen = decode(tiny.members, "The sum of 128 and 256 is", LLMBlenderConfig(), max_new_tokens=3, trace=True)
     assert gen.stats.stop_reason == "length" and gen.stats.tokens_generated == [3, 3]
     chat = [type(smol)(smol.name, smol.tokenizer, smol.model, chat_template=True) for _ in range(2)]
-    gen = generate(chat, "What is 2 + 2? Answer with one number.", LLMBlenderConfig(), max_new_tokens=40, trace=True)
+    gen = decode(chat, "What is 2 + 2? Answer with one number.", LLMBlenderConfig(), max_new_tokens=40, trace=True)
     assert gen.stats.stop_reason == "eos" and gen.trace.steps[0].chosen == 0  # identical answers: no ranking
 
 
@@ -129,7 +127,7 @@ def test_pairrm_ranker_picks_the_highest_score(tiny, tmp_path):
     write_checkpoint(tmp_path / "pairrm", "hf", seed=3)
     cfg = LLMBlenderConfig(ranker="pairrm", pairrm_path=str(tmp_path / "pairrm"))
     prompt, stop, budget = PROMPTS[4]
-    gen = generate(tiny.members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
+    gen = decode(tiny.members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
     (ranking,) = gen.trace.steps
     assert ranking.ranker == "pairrm" and len(ranking.candidates) == 2, ranking.answers
     scores, matrix = load_pairrm(cfg.pairrm_path).scores(prompt, ranking.candidates)

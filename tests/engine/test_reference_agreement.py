@@ -7,8 +7,7 @@ same scored ids per model, and NLLs equal within 1e-4, on the real bundled pair.
 import pytest
 
 from adafuse import AdaFuseConfig, Request, reference
-from tests.engine.helpers import assert_scores_match
-from tests.engine.helpers import decode as generate
+from tests.engine.helpers import assert_scores_match, decode
 
 from .helpers import clone
 
@@ -58,7 +57,7 @@ def cases(shared_data):
 
 
 def assert_agree(members, prompt, stop, budget, cfg):
-    fast = generate(members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
+    fast = decode(members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
     slow_text, rounds, slow_ids = reference.generate(members, Request(prompt, stop, budget), cfg)
     assert fast.text == slow_text
     assert fast.ids == slow_ids

@@ -10,8 +10,7 @@ import pytest
 
 from adafuse import reference
 from baselines.sweetspan import SweetSpanConfig
-from tests.engine.helpers import assert_scores_match
-from tests.engine.helpers import decode as generate
+from tests.engine.helpers import assert_scores_match, decode
 
 from .helpers import clone, nq_few_shot_case
 
@@ -71,7 +70,7 @@ def slow_sweetspan(members, prompt: str, cfg: SweetSpanConfig, stop, budget):
 
 
 def assert_agree(members, prompt, stop, budget, cfg):
-    fast = generate(members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
+    fast = decode(members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
     slow_text, rounds, slow_ids = slow_sweetspan(members, prompt, cfg, stop, budget)
     assert fast.text == slow_text
     assert fast.ids == slow_ids
@@ -114,17 +113,17 @@ def test_three_members(tiny):
 
 def test_stop_string_budget_and_eos(tiny, smol):
     prompt = "Question: What is the capital of France?\nAnswer:"
-    free = generate(tiny.members, prompt, SweetSpanConfig(), max_new_tokens=12, trace=True)
+    free = decode(tiny.members, prompt, SweetSpanConfig(), max_new_tokens=12, trace=True)
     assert "\n" in free.text and free.stats.stop_reason == "length"
     assert max(free.stats.tokens_generated) >= 12
-    gen = generate(tiny.members, prompt, SweetSpanConfig(), stop=["\n"], max_new_tokens=12, trace=True)
+    gen = decode(tiny.members, prompt, SweetSpanConfig(), stop=["\n"], max_new_tokens=12, trace=True)
     assert gen.stats.stop_reason == "stop" and gen.text == free.text.split("\n")[0]
     # a span ends where its text completes a stop string: here at the "\n\n" that opens "\n\nQuestion:"
     last = gen.trace.steps[-1]
     stopped = [c.text for c in last.candidates if "\n" in c.text]
     assert stopped and all(t.split("\n", 1)[1].strip() == "" for t in stopped)
     chat = [type(smol)(smol.name, smol.tokenizer, smol.model, chat_template=True) for _ in range(2)]
-    gen = generate(chat, "What is 2 + 2? Answer with one number.", SweetSpanConfig(), max_new_tokens=40, trace=True)
+    gen = decode(chat, "What is 2 + 2? Answer with one number.", SweetSpanConfig(), max_new_tokens=40, trace=True)
     assert gen.stats.stop_reason == "eos"
     winner = gen.trace.steps[-1].candidates[gen.trace.steps[-1].winner]
     assert winner.eos and all(s.eos for s in winner.scores)  # its score includes the eos token

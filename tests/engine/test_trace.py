@@ -5,7 +5,7 @@ import json
 import pytest
 
 from adafuse import AdaFuseConfig, reference
-from tests.engine.helpers import decode as generate
+from tests.engine.helpers import decode
 
 pytestmark = pytest.mark.slow
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 def test_every_traced_score_recomputes_from_a_cache_free_forward(tiny):
     models = [reference.RefModel(m) for m in tiny.members]
     prompt = "Question: In which city is the Brandenburg Gate?\nAnswer:"
-    gen = generate(tiny.members, prompt, AdaFuseConfig(), stop=["\n"], max_new_tokens=12, trace=True)
+    gen = decode(tiny.members, prompt, AdaFuseConfig(), stop=["\n"], max_new_tokens=12, trace=True)
     checked = 0
     for contexts, rnd in zip(gen.trace.contexts(), gen.trace.rounds):
         assert len(rnd.models) == len(models)

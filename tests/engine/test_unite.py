@@ -8,8 +8,7 @@ from adafuse.errors import ConfigError
 from baselines import unite
 from baselines.unite import EOS, UniteConfig, first_subtoken
 from baselines.vocab import vocabulary_of
-from tests.engine.helpers import clone
-from tests.engine.helpers import decode as generate
+from tests.engine.helpers import clone, decode
 from tests.engine.token_reference import RefMember, stopped
 
 pytestmark = pytest.mark.slow
@@ -74,7 +73,7 @@ def reference(members, prompt: str, k: int, weights, stop=(), max_new_tokens: in
 
 @pytest.mark.parametrize("prompt, stop, budget", CASES)
 def test_unite_equals_the_plain_reference(tiny, prompt, stop, budget):
-    gen = generate(tiny.members, prompt, UniteConfig(), stop=stop, max_new_tokens=budget)
+    gen = decode(tiny.members, prompt, UniteConfig(), stop=stop, max_new_tokens=budget)
     text, reason, ids = reference(tiny.members, prompt, 10, [0.5, 0.5], stop, budget)
     assert (gen.text, gen.stats.stop_reason) == (text, reason)
     assert gen.ids == ids
@@ -126,7 +125,7 @@ def test_three_members_with_a_clone_match_the_reference(tiny, smol):
     members = [*tiny.members, clone(smol)]
     prompt = "Question: Who wrote Hamlet?\nAnswer:"
     cfg = UniteConfig(weights=[0.25, 0.5, 0.25])
-    gen = generate(members, prompt, cfg, stop=["\n"], max_new_tokens=8)
+    gen = decode(members, prompt, cfg, stop=["\n"], max_new_tokens=8)
     text, reason, ids = reference(members, prompt, 10, [0.25, 0.5, 0.25], ["\n"], 8)
     assert (gen.text, gen.stats.stop_reason, gen.ids) == (text, reason, ids)
     assert gen.ids[0] == gen.ids[2] and len(gen.stats.forward_passes) == 3
@@ -134,17 +133,17 @@ def test_three_members_with_a_clone_match_the_reference(tiny, smol):
 
 def test_stop_string_budget_and_eos(tiny, smol):
     members = tiny.members
-    gen = generate(
+    gen = decode(
         members, "Question: What is the capital of France?\nAnswer:", UniteConfig(), stop=["is"], max_new_tokens=30
     )
     assert gen.stats.stop_reason in ("stop", "eos") and "is" not in gen.text
-    gen = generate(members, "Once upon a time", UniteConfig(), max_new_tokens=5)
+    gen = decode(members, "Once upon a time", UniteConfig(), max_new_tokens=5)
     assert gen.stats.stop_reason == "length" and max(gen.stats.tokens_generated) >= 5
     assert max(gen.stats.tokens_generated) < 5 + unite.STEP_OVERRUN
     # SmolLM2 with itself ends its chat answer with <|im_end|>, its eos: "end of sequence" wins the union.
     twin = [smol, clone(smol)]
     chat = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
-    gen = generate(twin, chat, UniteConfig(), max_new_tokens=40)
+    gen = decode(twin, chat, UniteConfig(), max_new_tokens=40)
     assert gen.stats.stop_reason == "eos" and "<|im_end|>" not in gen.text
 
 
@@ -156,4 +155,4 @@ def test_settings_that_make_no_sense_are_refused(knobs):
 
 def test_weights_must_match_the_number_of_members(tiny):
     with pytest.raises(ConfigError, match="3 weights for 2 members"):
-        generate(tiny.members, "Hi", UniteConfig(weights=[0.2, 0.3, 0.5]), max_new_tokens=2)
+        decode(tiny.members, "Hi", UniteConfig(weights=[0.2, 0.3, 0.5]), max_new_tokens=2)
