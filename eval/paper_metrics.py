@@ -2,6 +2,16 @@
 
 They let our numbers sit beside the paper's Table 1; report them next to the standard metrics, never
 instead of them. Each takes the raw generation and extracts its answer the authors' way (`authors_pred`).
+
+Number words follow the authors' scripts as they run once `word2number` is importable (their requirements.txt
+lists it; as shipped, eval_nq.py and eval_squad.py never import it and crash with NameError on most answers, so
+no NQ or SQuAD score of theirs can come from that code): NQ and SQuAD turn runs of number words into digits
+while normalising, and all three QA scorers read a whole normalised answer as a number with word2number. We
+call the same library at the same points, with the same exception handling, and take its quirks with it (it
+keeps only the words it knows, so every "N million" reads as 1000000 and "turning point" as 0). Where their code
+would still crash (an `int()` on "²", word2number's IndexError on "thousand five" outside their `try`), ours
+treats the answer as no number (see `_as_number`).
+
 One difference remains on purpose: the authors joined predictions to references on the lower-cased
 question, which merges duplicate questions (2500 -> 2497 SQuAD rows); we score every row.
 tests/unit/test_authors_scorers.py holds these replicas to the verdicts of the authors' own scripts on our
@@ -12,6 +22,7 @@ import re
 import unicodedata
 
 from sacrebleu.metrics import BLEU
+from word2number import w2n
 
 from eval.metrics import (
     METRICS,
@@ -57,8 +68,74 @@ _STOPWORD_PATTERN = re.compile(r"\b(?:" + "|".join(_STOPWORDS) + r")\b")
 # "obama", while a curly "Obama’s" keeps its apostrophe and becomes "obama’". We have no possessive step for NQ.
 _SQUAD_POSSESSIVE = re.compile(r"(\w+)'s\b")
 
-# The authors' normalisers also meant to turn number words into digits with word2number, but never imported
-# it: the NameError was swallowed, so "two" stayed "two". We replicate that run: no number-word conversion.
+# --- number words: where their scorers call word2number ------------------------------------------------------
+
+# The words their eval_nq.py/eval_squad.py number-word pattern lists, in its order (the alternation tries them in
+# this order); eval_trivia.py's NUM_WORDS is the same set. word2number itself knows "point" but not "trillion".
+_NUMBER_WORDS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
+    "eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand million billion trillion"
+).split()
+# A run of one to four of them, each optionally followed by " and" and then by whitespace or a hyphen, ending
+# at a word boundary. The run takes the whitespace after its last word with it: "One Direction" -> "1Direction".
+_NUMBER_WORD_RUN = re.compile(r"\b(?:(?:" + "|".join(_NUMBER_WORDS) + r")(?:\s+and)?(?:\s+|-)?){1,4}\b", re.IGNORECASE)
+_LETTER_RUN = re.compile(r"[a-zA-Z]+")
+
+
+def _number_words_to_digits(text: str) -> str:
+    """Mirrors `replace_number_words_with_digits` inside eval_nq.py's and eval_squad.py's `normalize_answer`:
+    each run of `_NUMBER_WORD_RUN` (any case) becomes `str()` of word2number's reading of it, with hyphens made
+    spaces and " and " made a space; a run that word2number rejects with any exception (they catch `Exception`:
+    "trillion" alone, "thousand five") stays as it was. "twenty-one" -> "21", "22.1 million" -> "22.1 1000000"."""
+
+    def digits(run: re.Match) -> str:
+        words = run.group(0)
+        try:
+            return str(w2n.word_to_num(words.replace("-", " ").replace(" and ", " ")))
+        except Exception:  # as theirs: whatever word2number raises leaves the words as they are
+            return words
+
+    return _NUMBER_WORD_RUN.sub(digits, text)
+
+
+def _as_number(normalized: str) -> int | float | None:
+    """Mirrors `_num_equiv_any` of eval_nq.py and eval_squad.py, on a normalised answer: a string of digits is
+    its integer; anything else is what word2number reads in it, and its ValueError (no number word it knows, or
+    a malformed or repeated multiplier) means no number. word2number keeps only the words it knows and drops the
+    rest, digits included: "hundred" is 100, "turning point" is 0 ("point" alone), "1 1000000" is no number.
+
+    Where their code crashes, ours says "no number", so that only the string rules decide (their
+    eval_trivia.py catches every exception here):
+    * they test `str.isdigit()`, which also passes digits like "²" that `int()` then rejects with a ValueError
+      outside their `try`; `isdecimal()` keeps "²" away from `int()`, and word2number rejects it;
+    * word2number raises IndexError when a multiplier has no number before it ("thousand five", "million
+      thousand"), and they catch only ValueError. Their normaliser leaves such a run as words, so it reaches
+      this step. No prediction or reference in our grid does (tests/fixtures/authors_scorers/README.md)."""
+    if normalized.isdecimal():
+        return int(normalized)
+    try:
+        return w2n.word_to_num(normalized)
+    except ValueError:
+        return None
+    except IndexError:  # their crash; see above
+        return None
+
+
+def _as_number_trivia(normalized: str) -> int | float | None:
+    """Mirrors `_num_equiv_any` of eval_trivia.py: nothing for an empty answer; a string of digits is its
+    integer ("²" as in `_as_number`); else word2number's reading, only when a run of ASCII letters is one of
+    `_NUMBER_WORDS` (so "point" alone is no number here), and no number when word2number raises anything (they
+    catch `Exception`). Its normaliser converts no number words first: "22.1 million" reads as 1000000."""
+    if not normalized:
+        return None
+    if normalized.isdecimal():
+        return int(normalized)
+    if not any(letters in _NUMBER_WORDS for letters in _LETTER_RUN.findall(normalized)):
+        return None
+    try:
+        return w2n.word_to_num(normalized)
+    except Exception:  # as theirs
+        return None
 
 
 def _singular(token: str) -> str:
@@ -66,28 +143,23 @@ def _singular(token: str) -> str:
 
 
 def _nq_normalize(text: str) -> str:
-    """NFD, lower-case, ASCII punctuation, stopwords, then a crude singular of 4+ letter tokens."""
-    text = drop_punctuation(unicodedata.normalize("NFD", text).lower())
+    """Mirrors eval_nq.py's `normalize_answer`: NFD, number words to digits, lower-case, ASCII punctuation,
+    stopwords, then a crude singular of 4+ letter tokens."""
+    text = drop_punctuation(_number_words_to_digits(unicodedata.normalize("NFD", text)).lower())
     return " ".join(_singular(token) for token in _STOPWORD_PATTERN.sub(" ", text).split())
 
 
 def _squad_lenient_normalize(text: str) -> str:
-    """NFD, possessive 's (before lower-casing, as the authors did), lower-case, ASCII punctuation, stopwords."""
-    text = _SQUAD_POSSESSIVE.sub(r"\1", unicodedata.normalize("NFD", text))
+    """Mirrors eval_squad.py's `normalize_answer`: NFD, number words to digits, possessive 's (before
+    lower-casing, as the authors did), lower-case, ASCII punctuation, stopwords."""
+    text = _SQUAD_POSSESSIVE.sub(r"\1", _number_words_to_digits(unicodedata.normalize("NFD", text)))
     return " ".join(_STOPWORD_PATTERN.sub(" ", drop_punctuation(text.lower())).split())
 
 
 def _trivia_normalize(text: str) -> str:
-    """NFD, then the official SQuAD normalisation (articles and punctuation only)."""
+    """Mirrors eval_trivia.py's `normalize_answer`: NFD, then the official SQuAD normalisation (articles and
+    punctuation only; no number words converted)."""
     return squad_normalize(unicodedata.normalize("NFD", text))
-
-
-def _as_int(normalized: str) -> int | None:
-    # eval_nq.py and eval_squad.py also called the never-imported word2number here and caught only
-    # ValueError, so any non-numeric answer crashed them; we keep what they meant: both sides must be digits.
-    # They test str.isdigit(), which also passes digits like "²" that int() rejects: their scorers crash there
-    # (ValueError, in every version of the three); isdecimal() makes such a token "not a number" here.
-    return int(normalized) if normalized.isdecimal() else None
 
 
 def _token_subset(pred_tokens: list[str], gold_tokens: list[str], max_length_gap: int) -> bool:
@@ -101,38 +173,41 @@ def _token_subset(pred_tokens: list[str], gold_tokens: list[str], max_length_gap
     return all(token in longer for token in shorter)
 
 
-def _lenient_match(pred: str, gold: str, max_length_gap: int) -> bool:
-    """Equal normalised strings, or equal integers, or the token-subset rule."""
+def _lenient_match(pred: str, gold: str, as_number, max_length_gap: int) -> bool:
+    """Mirrors their `exact_match_score` on normalised strings: equal, or the same number (`as_number` of both
+    sides; theirs reads both before comparing), or the token-subset rule."""
     if pred == gold:
         return True
-    pred_number = _as_int(pred)
-    if pred_number is not None and pred_number == _as_int(gold):
+    pred_number, gold_number = as_number(pred), as_number(gold)
+    if pred_number is not None and pred_number == gold_number:
         return True
     return _token_subset(pred.split(), gold.split(), max_length_gap)
 
 
-def _best_lenient_match(generation: str, aliases: list[str], normalize, max_length_gap: int) -> float:
+def _best_lenient_match(generation: str, aliases: list[str], normalize, as_number, max_length_gap: int) -> float:
+    """Their `metric_max_over_ground_truths` over the aliases."""
     pred = normalize(authors_pred(generation))
-    return max(float(_lenient_match(pred, normalize(alias), max_length_gap)) for alias in aliases)
+    return max(float(_lenient_match(pred, normalize(alias), as_number, max_length_gap)) for alias in aliases)
 
 
 def paper_em_nq(generation: str, aliases: list[str]) -> float:
-    """Mirrors eval_nq.py. Lenient: stopwords and a plural s (so the s of a straight-apostrophe 's too) are
-    dropped before comparing, and a 1-2 token answer counts as correct when its tokens all appear anywhere in
-    the other side."""
-    return _best_lenient_match(generation, aliases, _nq_normalize, max_length_gap=1)
+    """Mirrors eval_nq.py. Lenient: number words become digits and "1" equals "one"; stopwords and a plural s
+    (so the s of a straight-apostrophe 's too) are dropped before comparing, and a 1-2 token answer counts as
+    correct when its tokens all appear anywhere in the other side."""
+    return _best_lenient_match(generation, aliases, _nq_normalize, _as_number, max_length_gap=1)
 
 
 def paper_em_squad(generation: str, aliases: list[str]) -> float:
     """Mirrors eval_squad.py. Lenient like NQ (no plural rule), and the subset rule still applies to 3+ token
     answers unless the lengths differ by more than 5 tokens."""
-    return _best_lenient_match(generation, aliases, _squad_lenient_normalize, max_length_gap=5)
+    return _best_lenient_match(generation, aliases, _squad_lenient_normalize, _as_number, max_length_gap=5)
 
 
 def paper_em_trivia(generation: str, aliases: list[str]) -> float:
-    """Mirrors eval_trivia.py. Official SQuAD normalisation (no stopwords), plus integer equality and the
-    NQ token-subset rule (gap > 1 refused for 3+ tokens)."""
-    return _best_lenient_match(generation, aliases, _trivia_normalize, max_length_gap=1)
+    """Mirrors eval_trivia.py. Official SQuAD normalisation (no stopwords, no number words converted), plus
+    equal numbers as word2number reads them ("two" is 2, any "N million" is 1000000) and the NQ token-subset
+    rule (gap > 1 refused for 3+ tokens)."""
+    return _best_lenient_match(generation, aliases, _trivia_normalize, _as_number_trivia, max_length_gap=1)
 
 
 METRICS.register("paper_em_nq")(Metric(paper_em_nq, averaged(paper_em_nq), raw=True))
