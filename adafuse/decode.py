@@ -121,7 +121,7 @@ def propose(m: Member, cfg: AdaFuseConfig, round_idx: int = 0) -> tuple[list[Pro
                 branches = explore(m, rows, words, logprobs, cfg)
                 round_ = ModelRound(margins, [w.text for w in words], branched=True)
                 return [Proposal(words + [w], r, i) for w, (r, i) in branches], round_
-        (word,) = complete_words(m, rows, [int(logprobs.argmax())], logprobs, words, cfg.max_word_tokens)
+        (word,) = complete_words(m, rows, [m.tokens.choose(logprobs)], logprobs, words, cfg.max_word_tokens)
         words.append(word)
         if word.eos or word.cut:
             break
@@ -132,7 +132,8 @@ def propose(m: Member, cfg: AdaFuseConfig, round_idx: int = 0) -> tuple[list[Pro
 def explore(m: Member, rows: Rows, words: list[Word], logprobs: torch.Tensor, cfg: AdaFuseConfig):
     """The uncertain word's alternatives: [(word, (rows, row))], best first."""
     if cfg.diversity or cfg.branches == 1:
-        firsts = logprobs.topk(cfg.branches).indices.tolist()  # distinct first tokens, by probability
+        # distinct first tokens, by probability, each one that can start a character
+        firsts = m.tokens.restrict(logprobs).topk(cfg.branches).indices.tolist()
         fork = rows.fork(0, len(firsts))
         completed = complete_words(m, fork, firsts, logprobs, words, cfg.max_word_tokens)
         return [(w, (fork, i)) for i, w in enumerate(completed)]
@@ -165,7 +166,7 @@ def complete_words(
                 continue
             dist = step[i, 0]
             dists[i].append(dist)
-            nxt = int(dist.argmax())
+            nxt = m.tokens.choose(dist, m.tokens.pending(ids[i]))
             text = m.text_of(ids[i], context)
             at_eos = nxt in m.eos_ids
             next_text = None if at_eos or ends_inside_char(text) else m.text_of([nxt], context + ids[i])
@@ -211,8 +212,8 @@ def beam_words(m: Member, rows: Rows, before: list[Word], logprobs: torch.Tensor
     finished = []  # (score, word, (rows, row))
     while live:
         expansions = []
-        for h, (_, _, score, dists) in enumerate(live):
-            top = dists[-1].topk(B)
+        for h, (ids, _, score, dists) in enumerate(live):
+            top = m.tokens.restrict(dists[-1], m.tokens.pending(ids)).topk(B)
             expansions += [(score + lp, h, t) for lp, t in zip(top.values.tolist(), top.indices.tolist())]
         expansions.sort(key=lambda e: -e[0])
         ended, grown = set(), []

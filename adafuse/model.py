@@ -27,6 +27,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from adafuse.errors import ConfigError, ContextLengthError, DataError
+from adafuse.tokens import TokenBytes, token_bytes
 from adafuse.words import Detokenizer, ends_inside_char
 
 log = logging.getLogger(__name__)
@@ -180,6 +181,11 @@ class Member:
     @property
     def vocab_size(self) -> int:
         return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def tokens(self) -> TokenBytes:
+        """Every id's bytes, and which ids may extend a word (adafuse/tokens.py: text stays Unicode)."""
+        return token_bytes(self.tokenizer, self.vocab_size)
 
     def input_embeddings(self) -> torch.Tensor:
         """The input embedding matrix, (vocab, hidden); read-only."""

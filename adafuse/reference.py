@@ -12,8 +12,18 @@ from dataclasses import dataclass, field
 
 import torch
 
+from adafuse.tokens import vocabulary_bytes
 from adafuse.words import CHAR_SLACK
 from adafuse.words import REPLACEMENT as PARTIAL
+
+
+def _utf8_prefix(data: bytes) -> str:
+    """ "complete" (whole characters), "open" (a character unfinished at the end), or "invalid"."""
+    try:
+        data.decode("utf-8")
+        return "complete"
+    except UnicodeDecodeError as err:
+        return "open" if err.reason == "unexpected end of data" else "invalid"
 
 
 class RefModel:
@@ -26,6 +36,23 @@ class RefModel:
         added = {i for i, t in self.tokenizer.added_tokens_decoder.items() if t.content.strip() != ""}
         self.control = sorted((added | set(self.tokenizer.all_special_ids)) - set(self.eos_ids))
         self._next: dict[tuple[int, ...], torch.Tensor] = {}
+        self._bytes = None
+
+    def may_follow(self, word: list[int], token: int) -> bool:
+        """Text stays Unicode (README): may `token` extend a word of ids `word` (which starts at a
+        character boundary)? Its bytes must leave the word a valid UTF-8 prefix; a token without
+        bytes (eos) may only come at a character boundary."""
+        if self._bytes is None:
+            self._bytes = vocabulary_bytes(self.tokenizer, self.model.get_output_embeddings().weight.shape[0])[1]
+        before = b"".join(self._bytes[i] or b"" for i in word)
+        if self._bytes[token] is None:
+            return _utf8_prefix(before) == "complete"
+        return _utf8_prefix(before + self._bytes[token]) != "invalid"
+
+    def best(self, logprobs: torch.Tensor, word: list[int], n: int = 1) -> list[int]:
+        """The n most probable tokens that may extend `word`, most probable first."""
+        order = torch.sort(logprobs, descending=True).indices.tolist()
+        return [t for t in order if self.may_follow(word, t)][:n]
 
     @torch.inference_mode()
     def logprobs(self, ids: list[int], last: int) -> torch.Tensor:
@@ -54,7 +81,8 @@ class RefModel:
         common = 0
         while common < min(len(head), len(whole)) and head[common] == whole[common]:
             common += 1
-        assert common >= len(head) - 1, (head[-20:], whole[-20:])  # only a partial last character may change
+        # Only a partial last character may change (its replacement characters: one, or one per byte).
+        assert common >= len(head.rstrip(PARTIAL)), (head[-20:], whole[-20:])
         return whole[common:]
 
     def render(self, prompt: str) -> str:
@@ -95,7 +123,10 @@ def greedy_word(m: RefModel, context: list[int], first: int, max_tokens: int) ->
         return RefWord([], "", True)
     ids = [first]
     while True:
-        nxt = int(m.next_logprobs(context + ids).argmax())
+        lp = m.next_logprobs(context + ids)
+        nxt = int(lp.argmax())
+        if not m.may_follow(ids, nxt):
+            (nxt,) = m.best(lp, ids)
         text = m.text(context, ids)
         if nxt in m.eos_ids:
             return RefWord(ids, text, True)
@@ -122,10 +153,10 @@ def propose(m: RefModel, context: list[int], cfg) -> list[list[RefWord]]:
         delta = (top.values[0] - top.values[1]).item()
         if cfg.fixed_words is None and delta < cfg.tau:
             if cfg.diversity or cfg.branches == 1:
-                firsts = top.indices[: cfg.branches].tolist()
+                firsts = m.best(m.next_logprobs(here), [], cfg.branches)
                 return [committed + [greedy_word(m, here, t, cfg.max_word_tokens)] for t in firsts]
             return [committed + [w] for w in beam_words(m, here, cfg)]
-        word = greedy_word(m, here, int(top.indices[0]), cfg.max_word_tokens)
+        word = greedy_word(m, here, m.best(m.next_logprobs(here), [])[0], cfg.max_word_tokens)
         committed.append(word)
         here = here + word.ids
         if word.eos or word.cut:
@@ -142,9 +173,8 @@ def beam_words(m: RefModel, context: list[int], cfg) -> list[RefWord]:
         expansions = []
         for h, (ids, score) in enumerate(live):
             lp = m.next_logprobs(context + ids)
-            top = torch.sort(lp, descending=True)
-            for value, token in zip(top.values[:width].tolist(), top.indices[:width].tolist()):
-                expansions.append((score + value, h, token))
+            for token in m.best(lp, ids, width):
+                expansions.append((score + lp[token].item(), h, token))
         expansions.sort(key=lambda e: -e[0])
         ended, grown = set(), []
         for total, h, token in expansions:

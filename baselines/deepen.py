@@ -124,8 +124,11 @@ def anchor_distribution(transfer: Transfer, logprobs: torch.Tensor, support: int
     return q + (1 - p.sum()).clamp_min(0) / transfer.n_anchors
 
 
-def inverse_map(transfer: Transfer, z0: torch.Tensor, q: torch.Tensor, cfg: DeepenConfig) -> tuple[int, list[float]]:
-    """argmax of the main member's logits after `steps` AdamW steps towards q (module docstring)."""
+def inverse_map(
+    transfer: Transfer, z0: torch.Tensor, q: torch.Tensor, cfg: DeepenConfig, allowed: torch.Tensor
+) -> tuple[int, list[float]]:
+    """argmax of the main member's logits after `steps` AdamW steps towards q (module docstring), over
+    the tokens `allowed` to start a character (adafuse/tokens.py)."""
     top = z0.topk(min(cfg.support, len(z0)))
     rows = transfer.rows(top.indices)
     rest = z0.clone()
@@ -152,7 +155,8 @@ def inverse_map(transfer: Transfer, z0: torch.Tensor, q: torch.Tensor, cfg: Deep
             opt.step()
             sched.step()
             losses.append(loss.item())
-    return int(top.indices[int(z.detach().argmax())]), losses
+    final = z.detach().masked_fill(~allowed[top.indices.cpu()].to(z.device), float("-inf"))
+    return int(top.indices[int(final.argmax())]), losses
 
 
 def decode(s: Session, cfg: DeepenConfig) -> None:
@@ -165,7 +169,7 @@ def decode(s: Session, cfg: DeepenConfig) -> None:
     transfers = prepare(members, cfg)
     main, others = members[cfg.main], [m for i, m in enumerate(members) if i != cfg.main]
     while True:
-        argmax = [int(m.logprobs.argmax()) for m in members]
+        argmax = [m.tokens.choose(m.logprobs) for m in members]  # each one that can start a character
         first = argmax[cfg.main]
         skip = first in main.eos_ids or cfg.lr == 0 or cfg.steps == 0
         if not skip and cfg.skip_agree:
@@ -174,7 +178,7 @@ def decode(s: Session, cfg: DeepenConfig) -> None:
         token, losses = first, []
         if not skip:
             q = sum(w * anchor_distribution(t, m.logprobs, cfg.support) for w, t, m in zip(weights, transfers, members))
-            token, losses = inverse_map(transfers[cfg.main], main.logprobs, q, cfg)
+            token, losses = inverse_map(transfers[cfg.main], main.logprobs, q, cfg, main.tokens.can_start)
         if s.record:
             s.record.steps.append(Step(argmax, not skip, token, losses))
         if token in main.eos_ids:
@@ -198,9 +202,7 @@ def _advance_main(main, token: int) -> str:
     ids = [token]
     rows.extend([[token]])
     while ends_inside_char(text) and len(ids) < CHAR_SLACK:
-        dist = rows.last[0].clone()
-        dist[list(main.eos_ids)] = float("-inf")
-        nxt = int(dist.argmax())
+        nxt = main.tokens.choose(rows.last[0], main.tokens.pending(ids))  # a token that continues the character
         rows.extend([[nxt]])
         ids.append(nxt)
         text = main.text_of(ids)

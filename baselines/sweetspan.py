@@ -165,7 +165,7 @@ def propose_span(m: Member, cfg: SweetSpanConfig, shared: str, stop: tuple[str, 
     rows = m.fork(1)
     logprobs, words, text = m.logprobs, [], ""
     while len(words) < cfg.span_words:
-        first = int(logprobs.argmax())
+        first = m.tokens.choose(logprobs)
         context = m.ids + [i for w in words for i in w.ids]
         stops = first not in m.eos_ids and cut_at_stop(shared, text + m.text_of([first], context), stop)[1]
         (word,) = complete_words(m, rows, [first], logprobs, words, 1 if stops else cfg.max_word_tokens)

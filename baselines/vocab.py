@@ -1,16 +1,9 @@
 """Vocabulary normalisation for the token-level baselines (UniTE, DeePEn): every id -> the text it stands for.
 
 Token-level ensembles compare tokens of different tokenizers by their text (research notes
-../shared/research/baselines.md §7.2). Each vocabulary spells text its own way:
-
-- byte-level BPE (GPT-2, SmolLM2, Llama 3, Qwen): every character of a token stands for one byte
-  through GPT-2's byte-to-unicode table (`Ġ` = space, `Ċ` = newline, `Ã¼` = the two bytes of "ü");
-- SentencePiece (Llama 2, Mistral, Gemma): `▁` stands for a space and `<0xNN>` for a raw byte
-  (byte fallback); every other character is itself.
-
-The type is detected from the vocabulary itself (the share of `Ġ`- vs `▁`-prefixed entries), never
-from a model's name. Added tokens (Gemma's newline runs, `<|im_end|>`) are stored as their literal
-content in both types.
+../shared/research/baselines.md §7.2). Each id's bytes come from adafuse/tokens.py, which reads
+byte-level BPE and SentencePiece vocabularies (the type detected from the vocabulary itself, never
+from a model's name); added tokens (Gemma's newline runs, `<|im_end|>`) stand for their literal content.
 
 A token's text is None when it cannot become shared text on its own:
 - a control token (spec §2: specials and added non-whitespace tokens, minus eos) or an eos id;
@@ -27,63 +20,12 @@ Llama 2's, only does so at position 0, which a prompt always occupies).
 import hashlib
 import json
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 
 import torch
 
 from adafuse.errors import ConfigError
-
-BYTE_LEVEL = "byte_level"
-SENTENCEPIECE = "sentencepiece"
-SPIECE_SPACE = "\u2581"  # ▁
-BPE_SPACE = "\u0120"  # Ġ
-
-
-@lru_cache(maxsize=1)
-def byte_level_alphabet() -> dict[str, int]:
-    """GPT-2's table read backwards: the character a byte-level vocabulary writes -> the byte it stands for.
-
-    Printable Latin-1 bytes stand for themselves; the other 68 (controls, space, 0x7F-0xA0, 0xAD)
-    are shifted to the characters 256, 257, ... in byte order, so every byte has a visible character.
-    """
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {chr(b): b for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in printable:
-            table[chr(256 + shifted)] = b
-            shifted += 1
-    return table
-
-
-def detect_type(pieces: dict[str, int]) -> str:
-    """BYTE_LEVEL or SENTENCEPIECE, from the share of entries that start with `Ġ` vs `▁`.
-
-    Neither marker in 1% of the entries: refused (a WordPiece vocabulary, say, needs its own rule).
-    """
-    bpe = sum(p.startswith(BPE_SPACE) for p in pieces)
-    spm = sum(p.startswith(SPIECE_SPACE) for p in pieces)
-    if max(bpe, spm) < 0.01 * max(len(pieces), 1):
-        raise ConfigError(
-            f"cannot tell the tokenizer type: {bpe} of {len(pieces)} entries start with 'Ġ' and {spm} with '▁'"
-            " (only byte-level BPE and SentencePiece vocabularies are supported)"
-        )
-    return BYTE_LEVEL if bpe > spm else SENTENCEPIECE
-
-
-def _piece_bytes(piece: str, kind: str) -> bytes | None:
-    """The bytes a vocabulary piece stands for (None if the piece is not in the type's alphabet)."""
-    if kind == BYTE_LEVEL:
-        alphabet = byte_level_alphabet()
-        if any(c not in alphabet for c in piece):
-            return None
-        return bytes(alphabet[c] for c in piece)
-    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-        try:
-            return bytes([int(piece[3:5], 16)])
-        except ValueError:
-            pass
-    return piece.replace(SPIECE_SPACE, " ").encode("utf-8")
+from adafuse.tokens import vocabulary_bytes
 
 
 @dataclass
@@ -100,16 +42,11 @@ class Vocabulary:
     def build(cls, tokenizer, size: int, excluded=frozenset()) -> "Vocabulary":
         """Normalise `tokenizer`'s vocabulary; `size` is the logits' width, `excluded` the ids that are
         never text (control and eos ids)."""
-        pieces = tokenizer.get_vocab()
-        kind = detect_type(pieces)
-        added = {i: tok.content for i, tok in tokenizer.added_tokens_decoder.items()}
+        kind, raws = vocabulary_bytes(tokenizer, size)
         texts: list[str | None] = [None] * size
         partial = set()
-        for piece, i in pieces.items():
-            if i >= size or i in excluded:
-                continue
-            raw = added[i].encode("utf-8") if i in added else _piece_bytes(piece, kind)
-            if not raw:
+        for i, raw in enumerate(raws):
+            if i in excluded or not raw:
                 continue
             try:
                 texts[i] = raw.decode("utf-8")

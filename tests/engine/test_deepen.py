@@ -42,7 +42,7 @@ def to_anchors(t, lp: torch.Tensor, support: int) -> torch.Tensor:
     return p @ dense_rows(t, top) + (1 - p.sum()) / len(t.anchors)
 
 
-def inverse(t, lp: torch.Tensor, q: torch.Tensor, cfg: DeepenConfig) -> int:
+def inverse(t, lp: torch.Tensor, q: torch.Tensor, cfg: DeepenConfig, main: RefMember) -> int:
     """Upstream's loop over the whole vocabulary; tokens outside the `support` most probable get no gradient."""
     top = lp.topk(cfg.support).indices
     rows = dense_rows(t, top)
@@ -61,7 +61,7 @@ def inverse(t, lp: torch.Tensor, q: torch.Tensor, cfg: DeepenConfig) -> int:
         z.grad[frozen] = 0
         opt.step()
         sched.step()
-    return int(z.detach().argmax())
+    return main.m.best(z.detach(), [])[0]  # the best token that can start a character
 
 
 def reference(members, prompt: str, cfg: DeepenConfig, stop=(), max_new_tokens: int = 16):
@@ -74,21 +74,19 @@ def reference(members, prompt: str, cfg: DeepenConfig, stop=(), max_new_tokens: 
     while True:
         with torch.enable_grad():
             dists = [r.logprobs() for r in refs]
-            argmax = [int(lp.argmax()) for lp in dists]
+            argmax = [r.m.best(lp, [])[0] for r, lp in zip(refs, dists)]
             token = argmax[cfg.main]
             texts = {r.texts()[i] for r, i in zip(refs, argmax)}
             agree = len(texts) == 1 and None not in texts
             if token not in main.eos_ids and not (cfg.skip_agree and agree):
                 q = sum(w * to_anchors(t, lp, cfg.support) for w, t, lp in zip(weights, transfers, dists))
-                token = inverse(transfers[cfg.main], dists[cfg.main], q, cfg)
+                token = inverse(transfers[cfg.main], dists[cfg.main], q, cfg, main)
         if token in main.eos_ids:
             return text, "eos", [r.generated() for r in refs]
         ids = [token]
         new = main.m.text(main.ids, ids)
         while new.endswith(PARTIAL) and len(ids) < 4:  # the main member finishes a multi-byte character
-            lp = main.m.logprobs(main.ids + ids, 1)[-1].clone()
-            lp[list(main.eos_ids)] = float("-inf")
-            ids.append(int(lp.argmax()))
+            ids.append(main.m.best(main.m.logprobs(main.ids + ids, 1)[-1], ids)[0])
             new = main.m.text(main.ids, ids)
         main.add_own(ids, text + new)
         for r in refs:

@@ -35,7 +35,7 @@ def slow_sweetspan(members, prompt: str, cfg: SweetSpanConfig, stop, budget):
         for k, m in enumerate(run.models):
             words, here, span = [], list(run.contexts[k]), ""
             while len(words) < cfg.span_words:
-                first = int(m.next_logprobs(here).argmax())
+                first = m.best(m.next_logprobs(here), [])[0]  # a token that can start a character
                 # a first token that completes a stop string is the span's last word, alone
                 stops = first not in m.eos_ids and any(s in run.text + span + m.text(here, [first]) for s in stop)
                 word = reference.greedy_word(m, here, first, 1 if stops else cfg.max_word_tokens)

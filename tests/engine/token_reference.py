@@ -2,7 +2,9 @@
 KV cache, every distribution from a full forward pass over the whole token sequence, text appended
 exactly as the seam's rule says (adafuse/reference.py's `align`), and the stop rule of spec §5.
 
-Token texts come from the tokenizer's own `decode` of each id, not from baselines/vocab.py.
+Token texts come from the tokenizer's own `decode` of each id after a letter (in context, as the
+engine reads them: a SentencePiece decoder such as Mistral's drops a first token's leading space),
+not from baselines/vocab.py.
 """
 
 import torch
@@ -37,12 +39,9 @@ class RefMember:
         """Each id's text as the tokenizer decodes it alone; None for eos, control, partial and empty ids."""
         key = (id(self.m.tokenizer), self.vocab_size)
         if key not in _TEXTS:
-            decode = self.m.tokenizer.decode
             out = set(self.m.control) | set(self.m.eos_ids)
-            texts = [
-                decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-                for i in range(self.vocab_size)
-            ]
+            (letter,) = self.m.encode_text("a", specials=False)
+            texts = [self.m.decode([letter, i])[1:] for i in range(self.vocab_size)]
             _TEXTS[key] = [None if i in out or not t or PARTIAL in t else t for i, t in enumerate(texts)]  # fmt: skip
         return _TEXTS[key]
 

@@ -1,17 +1,11 @@
-"""Vocabulary normalisation (baselines/vocab.py) on small hand-made vocabularies, and the shared weight checks."""
+"""Token bytes (adafuse/tokens.py) and vocabulary normalisation (baselines/vocab.py) on small hand-made
+vocabularies, and the shared weight checks."""
 
 import pytest
 
 from adafuse.errors import ConfigError
-from baselines.vocab import (
-    BYTE_LEVEL,
-    SENTENCEPIECE,
-    Vocabulary,
-    byte_level_alphabet,
-    check_weights,
-    detect_type,
-    member_weights,
-)
+from adafuse.tokens import BYTE_LEVEL, SENTENCEPIECE, byte_level_alphabet, detect_type
+from baselines.vocab import Vocabulary, check_weights, member_weights
 
 
 class FakeAdded:

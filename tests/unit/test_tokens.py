@@ -1,0 +1,72 @@
+"""Token bytes and the rule that keeps generated text Unicode (adafuse/tokens.py), on small hand-made
+byte-level vocabularies; and the bytes of real tokenizers, read back against their own decoding."""
+
+import pytest
+import torch
+
+from adafuse.tokens import TokenBytes, unfinished
+from tests.unit.test_vocab import FakeTokenizer
+
+# A byte-level vocabulary: "Ġ" is a space; "Ã" and "¼" are the two bytes of "ü" (C3 BC); "ð" "Ł" "į" "ķ" are
+# the four bytes of "🍕" (F0 9F 8D 95); "¼" alone is a lone continuation byte.
+PIECES = ["<eos>", "Ġthe", "Ġd", "Ã", "¼", "ber", "ð", "Ł", "į", "ķ", "ĠÃ", "x"]
+EOS = 0
+
+
+def vocabulary() -> TokenBytes:
+    return TokenBytes(FakeTokenizer(PIECES, added={EOS: "<eos>"}), len(PIECES))
+
+
+def ids(*pieces: str) -> list[int]:
+    return [PIECES.index(p) for p in pieces]
+
+
+def test_unfinished_finds_the_start_of_an_unfinished_character():
+    assert unfinished(b"abc") == b""
+    assert unfinished("ü".encode()) == b""
+    assert unfinished(b"a\xc3") == b"\xc3"
+    assert unfinished(b"\xf0\x9f\x8d") == b"\xf0\x9f\x8d"
+    assert unfinished("🍕".encode()) == b""
+    assert unfinished(b"") == b""
+
+
+def test_bytes_follow_the_vocabularys_alphabet():
+    v = vocabulary()
+    assert v.bytes[PIECES.index("Ġthe")] == b" the"
+    assert v.bytes[PIECES.index("ĠÃ")] == b" \xc3"
+    assert v.pending(ids("Ġd", "Ã")) == b"\xc3" and v.pending(ids("Ġd", "Ã", "¼")) == b""
+
+
+def test_at_a_character_boundary_a_lone_continuation_byte_may_not_start_and_everything_else_may():
+    allowed = vocabulary().allowed(b"")
+    assert not allowed[PIECES.index("¼")] and not allowed[PIECES.index("Ł")]
+    assert all(allowed[ids("Ġthe", "Ã", "ð", "ĠÃ", "x")]) and allowed[EOS]  # eos may end a finished word
+
+
+def test_inside_a_character_only_what_continues_it_may_follow():
+    v = vocabulary()
+    after_c3 = v.allowed(b"\xc3")
+    assert torch.nonzero(after_c3).flatten().tolist() == ids("¼", "Ł", "į", "ķ")  # any continuation byte
+    after_pizza_start = v.allowed(b"\xf0\x9f")
+    assert after_pizza_start[PIECES.index("į")] and not after_pizza_start[EOS]
+    assert not after_pizza_start[PIECES.index("Ġthe")]  # a new word may not start inside a character
+
+
+def test_choose_takes_the_most_probable_allowed_token():
+    v = vocabulary()
+    logprobs = torch.full((len(PIECES),), -10.0)
+    logprobs[PIECES.index("Ġthe")], logprobs[PIECES.index("¼")] = -1.0, -0.5
+    assert v.choose(logprobs) == PIECES.index("Ġthe")  # the lone byte is the argmax, but may not start
+    assert v.choose(logprobs, v.pending(ids("Ġd", "Ã"))) == PIECES.index("¼")  # ... and may finish "ü"
+    restricted = v.restrict(logprobs)
+    assert restricted[PIECES.index("¼")] == float("-inf") and restricted[PIECES.index("Ġthe")] == -1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", [0, 1])
+def test_a_real_vocabularys_bytes_spell_what_its_tokenizer_encodes(tiny, which):
+    member = tiny.members[which]
+    for text in ["Straße, Größe, Übermut", " I love pizza 🍕 because", "日本の首都は", "a\n\nb\tc  d"]:
+        encoded = member.tokenizer.encode(text, add_special_tokens=False)
+        spelled = b"".join(member.tokens.bytes[i] for i in encoded).decode("utf-8")
+        assert spelled.lstrip(" ") == text.lstrip(" ")  # SentencePiece may add or drop a first space
