@@ -46,17 +46,21 @@ Choices where upstream is buggy or silent (research notes §2.3):
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from adafuse.errors import ConfigError
 from adafuse.methods import Method
 from adafuse.session import Session
+from adafuse.tokens import SENTENCEPIECE
 from adafuse.words import CHAR_SLACK, ends_inside_char
 from baselines.deepen_transfer import Transfer, prepare
 from baselines.vocab import check_weights, member_weights, vocabulary_of
 
 log = logging.getLogger(__name__)
+
+SENTENCEPIECE_MAIN = "sentencepiece"
 
 
 # ---- knobs ------------------------------------------------------------------------------------------
@@ -66,7 +70,10 @@ log = logging.getLogger(__name__)
 class DeepenConfig:
     """Knobs of `method=deepen` (research notes §2.2)."""
 
-    main: int = 0  # index of the main member: its ids are the output, its logits are optimised
+    # The main member, whose ids are the output and whose logits are optimised: an index, or
+    # "sentencepiece" for the pair's one SentencePiece member (upstream can only run with such a main
+    # model: it pastes the main member's raw token strings into the others' prompts).
+    main: Any = 0
     lr: float = 0.15  # η; upstream's default 0 means "main model only", its README example uses 0.15
     steps: int = 5  # T: optimiser steps of the inverse mapping
     weights: list[float] | None = None  # one per member, summing to 1; null: uniform (upstream: -ew)
@@ -78,8 +85,10 @@ class DeepenConfig:
     cache_dir: str | None = None  # transfer matrices; null: $ADAFUSE_CACHE or ~/.cache/adafuse
 
     def __post_init__(self):
-        if self.main < 0:
-            raise ConfigError(f"deepen: main must be >= 0 (a member index), got {self.main}")
+        if self.main != SENTENCEPIECE_MAIN and not (isinstance(self.main, int) and self.main >= 0):
+            raise ConfigError(
+                f"deepen: main must be a member index (>= 0) or {SENTENCEPIECE_MAIN!r}, got {self.main!r}"
+            )
         if not self.lr >= 0:  # also rejects NaN
             raise ConfigError(f"deepen: lr must be >= 0 (0 means main member only), got {self.lr}")
         if self.steps < 0:
@@ -162,15 +171,14 @@ def inverse_map(
 def decode(s: Session, cfg: DeepenConfig) -> None:
     """DeePEn over the session's members; `cfg.main` picks the member whose ids are the output."""
     members = s.members
-    if cfg.main >= len(members):
-        raise ConfigError(f"deepen: main member {cfg.main} does not exist; the ensemble has {len(members)}")
+    index = main_index(cfg.main, members)
     weights = member_weights("deepen", cfg.weights, len(members))
     vocabs = [vocabulary_of(m) for m in members]
     transfers = prepare(members, cfg)
-    main, others = members[cfg.main], [m for i, m in enumerate(members) if i != cfg.main]
+    main, others = members[index], [m for i, m in enumerate(members) if i != index]
     while True:
         argmax = [m.tokens.choose(m.logprobs) for m in members]  # each one that can start a character
-        first = argmax[cfg.main]
+        first = argmax[index]
         skip = first in main.eos_ids or cfg.lr == 0 or cfg.steps == 0
         if not skip and cfg.skip_agree:
             texts = {vocabs[i].texts[t] for i, t in enumerate(argmax)}
@@ -178,7 +186,7 @@ def decode(s: Session, cfg: DeepenConfig) -> None:
         token, losses = first, []
         if not skip:
             q = sum(w * anchor_distribution(t, m.logprobs, cfg.support) for w, t, m in zip(weights, transfers, members))
-            token, losses = inverse_map(transfers[cfg.main], main.logprobs, q, cfg, main.tokens.can_start)
+            token, losses = inverse_map(transfers[index], main.logprobs, q, cfg, main.tokens.can_start)
         if s.record:
             s.record.steps.append(Step(argmax, not skip, token, losses))
         if token in main.eos_ids:
@@ -189,6 +197,19 @@ def decode(s: Session, cfg: DeepenConfig) -> None:
             m.append_text(text)
         if s.add(text):
             break
+
+
+def main_index(main, members) -> int:
+    """The main member's index: `main` itself, or the one SentencePiece member's."""
+    if main == SENTENCEPIECE_MAIN:
+        found = [i for i, m in enumerate(members) if m.tokens.kind == SENTENCEPIECE]
+        if len(found) != 1:
+            kinds = ", ".join(f"{m.name}: {m.tokens.kind}" for m in members)
+            raise ConfigError(f"deepen: main={SENTENCEPIECE_MAIN!r} needs exactly one SentencePiece member ({kinds})")
+        return found[0]
+    if main >= len(members):
+        raise ConfigError(f"deepen: main member {main} does not exist; the ensemble has {len(members)}")
+    return main
 
 
 def _advance_main(main, token: int) -> str:

@@ -10,11 +10,19 @@ those the notes infer from the paper and from the AdaFuse authors' scripts). Eac
    its mean token NLL in its own tokenisation: its own generated ids for its own span, the seam's
    alignment of the span's text for the others (one batched forward pass per member), exactly as
    AdaFuse scores candidates (spec §4), an eos-ended span including the eos token;
-3. optionally (`normalize`), each evaluator's scores are divided by their mean over the pool;
-4. the outlier filter (`outlier_ratio` = λ = 10): when a span's largest score exceeds λ times its
+3. what is filtered and averaged (`score`): the mean NLLs themselves (`nll`, the default), or the
+   perplexities exp(mean NLL) (`perplexity`), which is what the helper the notes infer the filter
+   from was written for (the AdaFuse authors' `filter_perplexities(ppl_values, lambda_val=10.0)`,
+   never called there; their `compute_span_perplexity` had its `exp` commented out) and what the
+   SweetSpan paper names its scores. The two can pick different spans: a ratio of 10 between
+   perplexities is a gap of ln 10 = 2.3 nats, between NLLs a factor of 10. `perplexity` is the
+   paper protocol's setting (conf/protocol_method/paper_sweetspan.yaml); `nll` keeps the score
+   AdaFuse uses, so the two methods' pools compare alike;
+4. optionally (`normalize`), each evaluator's scores are divided by their mean over the pool;
+5. the outlier filter (`outlier_ratio` = λ = 10): when a span's largest score exceeds λ times its
    smallest, the largest and the smallest are dropped; when that would leave nothing (two
    evaluators) only the largest is dropped. The span's score is the mean of what remains;
-5. the lowest score wins (ties to the earliest span in pool order) and is appended to G verbatim.
+6. the lowest score wins (ties to the earliest span in pool order) and is appended to G verbatim.
 
 Stopping is AdaFuse's (spec §5): a stop string in G (G is cut before it), a winning span that ends
 at eos, or any member's `max_new_tokens` used up.
@@ -31,14 +39,17 @@ Choices where the notes leave one open or where the upstream description is wron
   one-token word. It also ends at eos, or at `span_words` words.
 - The filter compares max > λ·min rather than max/min > λ, so a zero NLL (a token the model is
   certain of) is handled without a division by zero: any positive score is then an outlier.
-- `normalize` divides each evaluator's NLLs by their mean over this round's pool (a mean of 0 leaves
-  them 0), so models with different perplexity scales weigh alike; off by default, as the notes
-  could not confirm the paper uses it.
+- `normalize` divides each evaluator's scores by their mean over this round's pool (a mean of 0
+  leaves them 0), so models with different perplexity scales weigh alike; off by default, as the
+  notes could not confirm the paper uses it.
+- The filter drops one largest and one smallest score; the helper it is inferred from drops every
+  score equal to either (the same with two evaluators; with three or more, only on exact ties).
 - Members keep their KV caches: a member reads each token it proposes once, the others' spans once
   (batched), and commits the winner without reading it again, so no prefix is re-read per span
   (the quadratic cost of the naive algorithm, §3.4).
 """
 
+import math
 from dataclasses import dataclass
 
 from adafuse.decode import (
@@ -49,13 +60,15 @@ from adafuse.decode import (
     complete_words,
     score_candidates,
 )
-from adafuse.errors import ConfigError
+from adafuse.errors import ConfigError, UnknownNameError
 from adafuse.methods import Method
 from adafuse.model import Member
 from adafuse.session import Session
 from adafuse.stopping import cut_at_stop
 from adafuse.trace import Score
 from adafuse.words import CHAR_SLACK
+
+SCORES = ("nll", "perplexity")
 
 
 @dataclass
@@ -66,6 +79,7 @@ class SweetSpanConfig:
     outlier_ratio: float = 10.0  # λ: a span's scores with max > λ·min lose their extremes
     normalize: bool = False  # divide each evaluator's scores by their mean over the pool first
     max_word_tokens: int = 16  # a word is cut after this many tokens (spec §2.3)
+    score: str = "nll"  # what is filtered and averaged: nll (mean NLL) or perplexity (exp of it)
 
     def __post_init__(self):
         if self.span_words < 1:
@@ -77,6 +91,8 @@ class SweetSpanConfig:
             )
         if self.max_word_tokens < 1:
             raise ConfigError(f"sweetspan: max_word_tokens must be >= 1, got {self.max_word_tokens}")
+        if self.score not in SCORES:
+            raise UnknownNameError("sweetspan score", self.score, SCORES)
 
 
 # ---- fusing one span's scores ---------------------------------------------------------------------
@@ -104,7 +120,8 @@ def normalized(nll: list[list[float]]) -> list[list[float]]:
 
 def fused_scores(nll: list[list[float]], cfg: SweetSpanConfig) -> tuple[list[float], list[list[int]]]:
     """Each span's score (lower is better) and the evaluators the filter kept for it."""
-    scores = normalized(nll) if cfg.normalize else nll
+    scores = [[math.exp(s) for s in row] for row in nll] if cfg.score == "perplexity" else nll
+    scores = normalized(scores) if cfg.normalize else scores
     kept = [kept_by_filter(row, cfg.outlier_ratio) for row in scores]
     return [sum(row[k] for k in keep) / len(keep) for row, keep in zip(scores, kept)], kept
 
@@ -122,7 +139,7 @@ class SpanCandidate:
     words: int
     scores: list[Score]  # per member: the ids it read (after `base` context ids) and their mean NLL
     kept: list[int]  # members whose scores the outlier filter kept
-    nll: float  # the span's score: the mean of the kept (normalised) scores; the lowest wins
+    score: float  # the mean of the kept (normalised) NLLs or perplexities; the lowest wins
 
 
 @dataclass

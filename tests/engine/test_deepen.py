@@ -15,7 +15,7 @@ import torch
 import baselines.deepen_transfer as deepen_transfer
 from adafuse.config import SingleConfig
 from adafuse.errors import ConfigError
-from baselines.deepen import DeepenConfig
+from baselines.deepen import DeepenConfig, main_index
 from baselines.deepen_transfer import prepare
 from baselines.vocab import vocabulary_of
 from tests.engine.helpers import clone, decode
@@ -204,3 +204,9 @@ def test_a_main_member_that_does_not_exist_is_refused(tiny):
         decode(tiny.members, "Hi", DeepenConfig(main=2), max_new_tokens=2)
     with pytest.raises(ConfigError, match="1 weights for 2 members"):
         decode(tiny.members, "Hi", DeepenConfig(weights=[1.0]), max_new_tokens=2)
+
+
+def test_the_sentencepiece_member_can_be_named_as_the_main_one(tiny, smol):
+    assert main_index("sentencepiece", tiny.members) == 1  # Gemma-3; SmolLM2 is byte-level BPE
+    with pytest.raises(ConfigError, match="exactly one SentencePiece member"):
+        main_index("sentencepiece", [smol, clone(smol)])
