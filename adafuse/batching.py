@@ -55,6 +55,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from adafuse.errors import BatchMemoryError
+from adafuse.invariance import Span, linear_is_row_invariant, split_attention, split_linear, split_pass
 from adafuse.model import Member
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ def forward_together(
     inputs: list[torch.Tensor],
     resident: Resident | None = None,
     may_stay: bool = False,
+    exact: bool = True,
 ) -> tuple[list[torch.Tensor], Resident | None]:
     """One forward pass over the rows of several requests to the same weights: the logits of each, and
     the pass's cache where it may stay resident for the next pass (`may_stay`: every request is a
@@ -137,6 +139,12 @@ def forward_together(
     each row's own (L_j, L_j + 1, ...), so every row sees exactly its own context. Left padding shifts
     a row's keys and queries alike, so a sliding window (Gemma 3) keeps its true extent. Afterwards
     each request's cache holds its own rows and new tokens, as if it had been read alone.
+
+    `exact`: every request's numbers are bitwise those of its pass alone (adafuse/invariance.py:
+    attention per request, and linear layers per request where this device's kernels depend on the
+    number of rows); the caller checks first that the model can be split (`can_merge_exactly`).
+    Otherwise the merged mask stands for the padding, and results equal the alone pass's up to
+    rounding.
     """
     lengths = [c.get_seq_length() for c in caches]
     longest, width = max(lengths), max(x.shape[1] for x in inputs)
@@ -151,9 +159,16 @@ def forward_together(
         row += x.shape[0]
 
     merged = resident.merged if resident is not None and resident.holds(caches) else _merge(caches, longest, width)
-    out = member.model(
-        input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{member.cache_arg: merged}
-    )
+    kwargs = {"input_ids": ids, "position_ids": positions, "use_cache": True, member.cache_arg: merged}
+    if exact:
+        spans, row = [], 0
+        for length, x in zip(lengths, inputs):
+            spans.append(Span(slice(row, row + x.shape[0]), length, x.shape[1]))
+            row += x.shape[0]
+        with split_pass(spans, longest, split_linear=not linear_is_row_invariant(member.model)):
+            out = member.model(**kwargs)  # each request's own masks replace the merged one
+    else:
+        out = member.model(attention_mask=mask, **kwargs)
     stays = may_stay and all(x.shape == (1, width) for x in inputs)
     logits, results, row = out.logits.float(), [], 0
     for cache, length, x in zip(caches, lengths, inputs):
@@ -168,6 +183,15 @@ def forward_together(
         results.append(logits[rows, : x.shape[1]])
         row += x.shape[0]
     return results, Resident(list(caches), merged, [c.layers[0].keys for c in caches]) if stays else None
+
+
+def can_merge_exactly(model) -> bool:
+    """Prepare a model for exact merged passes (adafuse/invariance.py); False if it cannot be."""
+    if not split_attention(model):
+        return False
+    if not linear_is_row_invariant(model):
+        split_linear(model)
+    return True
 
 
 def _merge(caches: list[DynamicCache], longest: int, width: int) -> DynamicCache:
@@ -216,7 +240,8 @@ class PassRequest:
 class Scheduler:
     """Gathers the forward requests of every example in flight and runs them in merged passes."""
 
-    def __init__(self, memory_budget: int | None = None):
+    def __init__(self, memory_budget: int | None = None, exact: bool = True):
+        self.exact = exact  # merged passes bitwise equal to each request alone (adafuse/invariance.py)
         self.lock = threading.Condition()
         self.turn = threading.Lock()  # held by the one worker that is running
         self.waiting: list[PassRequest] = []
@@ -229,6 +254,19 @@ class Scheduler:
         self.resident: dict[int, Resident] = {}  # per weights: the last merged pass's cache, if it may serve the next
         self.reused = 0  # merged passes that read the last one's cache in place
         self.pass_slots: list[list[int]] = []  # the slots of each merged pass's requests, in row order
+        self.how: dict[str, str] = {}  # per model name: how its requests meet ("merged", "split linear", "alone")
+
+    def _merges(self, member: Member) -> bool:
+        """May this member's requests share a pass? With `exact`, only if the model can be split exactly."""
+        if member.name not in self.how:
+            if not self.exact:
+                self.how[member.name] = "merged (not exact)"
+            elif not can_merge_exactly(member.model):
+                self.how[member.name] = "alone (its attention cannot be split)"
+            else:
+                linear = "merged" if linear_is_row_invariant(member.model) else "per request"
+                self.how[member.name] = f"exact: attention per request, linear layers {linear}"
+        return not self.how[member.name].startswith("alone")
 
     def forward(self, member: Member, cache, input_ids: torch.Tensor, last_only: bool) -> torch.Tensor:
         """Called by a worker: block until the scheduler has run this pass."""
@@ -274,7 +312,7 @@ class Scheduler:
             groups: dict[tuple[int, bool], list[PassRequest]] = {}
             for r in requests:
                 if r.prompt is None:
-                    groups.setdefault((id(r.member.model), r.mergeable), []).append(r)
+                    groups.setdefault((id(r.member.model), r.mergeable and self._merges(r.member)), []).append(r)
             for (_, mergeable), group in groups.items():
                 chunks = self._chunks(group) if mergeable else [[r] for r in group]
                 for chunk in chunks:
@@ -312,7 +350,8 @@ class Scheduler:
         caches = [r.cache for r in chunk]
         self.reused += resident is not None and resident.holds(caches)
         committed = all(r.cache is r.member.cache for r in chunk)  # greedy steps, not forks (see Resident)
-        results, stays = forward_together(member, caches, [r.input_ids for r in chunk], resident, committed)
+        inputs = [r.input_ids for r in chunk]
+        results, stays = forward_together(member, caches, inputs, resident, committed, exact=self.exact)
         if stays is not None:
             self.resident[id(member.model)] = stays
         return results

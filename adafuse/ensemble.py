@@ -93,18 +93,21 @@ class Ensemble:
         *,
         batch_size: int = DEFAULT_BATCH_SIZE,
         method="adafuse",
+        exact: bool = True,
         scheduler: Scheduler | None = None,
         **options,
     ) -> Iterator[tuple[object, Generation]]:
         """Decode (key, prompt or Request) items with `batch_size` examples in flight (adafuse/batching.py);
-        yields (key, Generation) as each finishes. Each Generation equals what `decode` returns for its
-        request. Request settings given as keywords apply to every item that is a plain prompt."""
+        yields (key, Generation) as each finishes. With `exact` (the default) each Generation equals, bit
+        for bit, what `decode` returns for its request (adafuse/invariance.py); without, up to rounding.
+        Request settings given as keywords apply to every item that is a plain prompt."""
         options, settings = _split_request_fields(options)
         spec, cfg = resolve_method(method, options)
 
         def one(members, item):
             return spec.generate(members, Request.of(item[1], **settings), cfg)
 
+        scheduler = scheduler or Scheduler(exact=exact)
         for (key, _), gen in decode_many(self.members, items, one, batch_size, scheduler):
             yield key, gen
 

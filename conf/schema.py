@@ -119,6 +119,10 @@ class RunConf:
     # default is the measured best on the bundled pair (README, Batching); lower it if a pass cannot
     # fit (BatchMemoryError).
     batch_size: int = DEFAULT_BATCH_SIZE
+    # Merged passes compute every example exactly as alone, so batch_size changes no output (README,
+    # Batching). false merges linear layers across examples where that changes their last bits (fast,
+    # float32 on a CPU): batch_size then joins the run id, and a run resumes only at its own size.
+    batch_exact: bool = True
     progress: bool = True
     results_dir: str = "results"  # runs write to <results_dir>/<task>/<method>/<model_pair>/<run_id>
 
@@ -131,9 +135,18 @@ def method_schema(name: str) -> type:
 _registered = False
 
 
-def run_id(override_dirname: str) -> str:
-    """The run directory's last part: the overrides that can change predictions, or 'default'."""
+def run_id(override_dirname: str, batch_exact: bool = True, batch_size: int = DEFAULT_BATCH_SIZE) -> str:
+    """The run directory's last part: the overrides that can change predictions, or 'default'. Without
+    exact batching, the batch size is one of them."""
+    if not batch_exact:
+        override_dirname = ",".join(filter(None, [override_dirname, f"batch_size={batch_size}"]))
     return override_dirname.replace("/", "%") if override_dirname else "default"
+
+
+def resumable_settings(config: dict) -> set[str]:
+    """The settings a run may change when it resumes: batch_size only if batching is exact."""
+    exact = config.get("batch_exact", True)
+    return set(CANNOT_CHANGE_PREDICTIONS) - (set() if exact else {"batch_size"})
 
 
 def register() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from adafuse.errors import ConfigError, ShardBusyError
-from conf.schema import CANNOT_CHANGE_PREDICTIONS
+from conf.schema import resumable_settings
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class RunDir:
             return
         old, new = _flat(yaml.safe_load(previous.read_text())), _flat(config)
         changed = sorted(
-            k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in CANNOT_CHANGE_PREDICTIONS
+            k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in resumable_settings(config)
         )
         if changed:
             raise ConfigError(

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from adafuse import Ensemble
+from adafuse.batching import Scheduler
 from adafuse.config import ModelConfig
 from adafuse.errors import ConfigError
 from adafuse.methods import METHODS
@@ -162,7 +163,8 @@ def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tra
     done = [r["scores"][primary] for r in out.records.values() if primary in r["scores"]]
     bar = tqdm(total=len(todo), desc=f"{task.name} {method.name}", unit="ex", disable=not settings.progress)
     requests = ((ex, Request(prompts[ex.id], task.cfg.stop, task.cfg.max_new_tokens, settings.trace)) for ex in todo)
-    stream = ensemble.decode_stream(requests, batch_size=settings.batch_size, method=method)
+    scheduler = Scheduler(exact=settings.batch_exact)
+    stream = ensemble.decode_stream(requests, batch_size=settings.batch_size, method=method, scheduler=scheduler)
     # With several examples in flight an example's own seconds overlap the others'; what a run costs is
     # the wall time between finishes, which sums to this process's decoding time at any batch size.
     last_finish = time.perf_counter()
@@ -187,6 +189,8 @@ def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tra
             bar.set_postfix({primary: f"{scale * sum(done) / len(done):.1f}"})
         tracker.log_example(len(out.records), {k: v * task.metrics[k].scale for k, v in scores.items()}, gen.stats)
     bar.close()
+    for name, how in scheduler.how.items():
+        log.info("batching, %s: %s", name, how)
 
 
 def summary(task: Task, records: list[dict], settings, models) -> dict:
@@ -205,6 +209,7 @@ def summary(task: Task, records: list[dict], settings, models) -> dict:
         "models": [m.name for m in models],
         "n": len(records),
         "limit": task.cfg.limit,
+        "batching": {"batch_size": settings.batch_size, "exact": settings.batch_exact},
         "metrics": task.corpus_scores(records),
         "throughput": {
             "seconds": seconds,

@@ -3,6 +3,7 @@
 import itertools
 import os
 import time
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -122,9 +123,7 @@ def test_paper_variant_needs_the_papers_files(tmp_path):
 
 
 def run_id_of(*overrides: str) -> str:
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
-    return run_id(cfg.hydra.job.override_dirname)
+    return Path(compose_run(*overrides, hydra=True).hydra.run.dir).name
 
 
 def test_the_run_id_names_the_settings_that_change_predictions():
@@ -141,6 +140,12 @@ def test_results_dir_moves_the_root_and_stays_out_of_the_run_id():
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["results_dir=/scratch/me", "method.tau=0.5"], return_hydra_config=True)
     assert cfg.hydra.sweep.subdir == "/scratch/me/nq/adafuse/tiny/method.tau=0.5"  # a sweep job too
+
+
+def test_batch_size_is_in_the_run_id_only_when_batching_is_not_exact():
+    assert run_id_of("batch_size=4") == "default"
+    assert run_id_of("batch_exact=false", "batch_size=4") == "batch_exact=false,batch_size=4"
+    assert run_id_of("batch_exact=false") == "batch_exact=false,batch_size=8"
 
 
 def test_slice_size_and_shards_are_not_in_the_run_id():

@@ -81,3 +81,12 @@ def test_shard_and_limit_may_change_between_writers_other_settings_may_not(tmp_p
     RunDir(tmp_path, {**CONFIG, "results_dir": "/elsewhere"})  # also a run written before results_dir existed
     with pytest.raises(ConfigError, match="method.tau"):
         RunDir(tmp_path, {**CONFIG, "method": {"name": "adafuse", "tau": 0.5}})
+
+
+def test_a_run_resumes_at_another_batch_size_only_when_batching_is_exact(tmp_path):
+    exact, fast = tmp_path / "exact", tmp_path / "fast"
+    RunDir(exact, {**CONFIG, "batch_size": 8, "batch_exact": True}).append(record("nq-0", 0))
+    RunDir(exact, {**CONFIG, "batch_size": 1, "batch_exact": True})  # outputs do not depend on it
+    RunDir(fast, {**CONFIG, "batch_size": 8, "batch_exact": False}).append(record("nq-0", 0))
+    with pytest.raises(ConfigError, match="batch_size"):
+        RunDir(fast, {**CONFIG, "batch_size": 1, "batch_exact": False})
