@@ -269,6 +269,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=BESIDE_CHECKOUT)
     parser.add_argument("--quick", action="store_true", help="a quarter of the prompts, one reference prompt")
+    parser.add_argument("--scale", type=float, help="the fraction of each task's prompts to use (--quick: 0.25)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--only", choices=["singles", "reference", "batching"], help="run one section (1, 2 or 3)")
@@ -284,7 +285,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     ens = Ensemble.from_config(["smollm2_135m", "gemma3_270m"])
-    scale = 0.25 if args.quick else 1.0
+    scale = args.scale or (0.25 if args.quick else 1.0)
     record = {"threads": args.threads, "torch": torch.__version__, "python": platform.python_version()}
     if args.only in (None, "batching"):
         print("3. batching across examples (same prompts at each batch size)", flush=True)

@@ -22,10 +22,7 @@ straight from tokenizer.json, and loading with legacy=True gives the same ids
 (tests/engine/test_paper_pair.py).
 """
 
-import hashlib
 import importlib.util
-import shutil
-import tempfile
 from pathlib import Path
 
 from tests.conftest import ROOT
@@ -41,46 +38,12 @@ def script_module():
     return module
 
 
-def cache_key() -> str:
-    import torch
-    import transformers
-
-    h = hashlib.sha256(SCRIPT.read_bytes())
-    h.update(f"torch {torch.__version__} transformers {transformers.__version__}".encode())
-    return h.hexdigest()[:16]
-
-
-def built(root: Path) -> bool:
-    return all(
-        (root / name / "model.safetensors").is_file() and (root / name / "adafuse_shape.json").is_file()
-        for name in NAMES
-    )
-
-
 def paper_pair_dir(cache_dir: Path | None = None) -> Path:
-    """The directory holding both shaped models, built on first use.
+    """The directory holding both shaped models, built on first use (scripts/make_paper_pair.py `cached`).
 
     Raises SystemExit (from the script) when llama-models or mistral-common is not installed.
-    Built in a private temporary directory and renamed into place, so parallel test sessions never
-    see half a model.
     """
-    from adafuse.loading import default_cache_dir
-
-    root = (cache_dir or default_cache_dir()) / "paper_pair" / cache_key()
-    if built(root):
-        return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
-    try:
-        script_module().main([str(work)])
-        try:
-            work.rename(root)
-        except OSError:  # another session finished first; its copy is the same bytes
-            if not built(root):
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return root
+    return script_module().cached(cache_dir)
 
 
 def overrides(root: Path) -> list[str]:

@@ -48,9 +48,10 @@ def test_a_merged_pass_computes_every_request_as_alone_bit_for_bit(pair):
         assert can_merge_exactly(member.model)
         # Greedy steps (one row, one token, caches of different lengths) and forks (rows of several tokens).
         steps = started(member, PROMPTS)
-        step_inputs = [torch.tensor([[c.logprobs.argmax().item()]]) for c in steps]
+        step_inputs = [torch.tensor([[c.logprobs.argmax().item()]], device=member.device) for c in steps]
         forks = [c.fork(3) for c in started(member, PROMPTS[:4])]
-        fork_inputs = [torch.tensor([[5, 6, 7], [8, 9, 10], [11, 12, 13]]), torch.tensor([[14], [15], [16]])] * 2
+        three, one = [[5, 6, 7], [8, 9, 10], [11, 12, 13]], [[14], [15], [16]]
+        fork_inputs = [torch.tensor(rows, device=member.device) for rows in (three, one, three, one)]
         for caches, inputs in [([c.cache for c in steps], step_inputs), ([f.cache for f in forks], fork_inputs)]:
             alone = [member.forward_alone(_copy(c), x) for c, x in zip(caches, inputs)]
             merged, _ = forward_together(member, [_copy(c) for c in caches], inputs, exact=True)

@@ -1,0 +1,162 @@
+"""The GPU check: on a machine with a CUDA GPU, in under 8 minutes, one JSON.
+
+    python scripts/gpu_check.py              # results/bench/gpu_check.json
+    python scripts/gpu_check.py --dry-run    # on a CPU: every step at its smallest, to check the script
+
+1. The reference-agreement tests on the device (pytest: the fast decoder against the cache-free
+   reference; batch invariance and single == generate() on the paper-shaped pair).
+2. The paper's pair in shape (scripts/make_paper_pair.py) in bfloat16 at batch size 1 and 8: `single`
+   (both members) and AdaFuse on the harness's NQ prompts; outputs identical to batch size 1 with exact
+   batching, and without it; each greedy step's log-probability bit for bit; the time of each; and how
+   each model's requests met in merged passes (whether this GPU's matrix multiplies depend on the
+   number of rows, so that exactness splits them per request).
+3. scripts/bench_decode.py's AdaFuse section (every method against the members' greedy decoding) and
+   its batching section (batch sizes 1 and 8), on a quarter of their prompts.
+
+Each step runs within what is left of the time limit and is recorded as it ends, so a step that runs
+out of time loses only itself. Needs the project installed with a CUDA build of torch
+(`TORCH="torch --index-url https://download.pytorch.org/whl/cu124" bash scripts/install.sh`).
+"""
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from adafuse import AdaFuseConfig, Ensemble, Request, SingleConfig  # noqa: E402
+from adafuse.batching import Scheduler, decode_many  # noqa: E402
+from adafuse.config import ModelConfig  # noqa: E402
+from adafuse.methods import METHODS  # noqa: E402
+from scripts import make_paper_pair  # noqa: E402
+from scripts.bench_decode import task_prompts  # noqa: E402
+
+TESTS = [
+    "tests/engine/test_reference_agreement.py::test_fast_decoder_equals_reference_on_varied_prompts",
+    "tests/engine/test_reference_agreement.py::test_ensembles_of_one_to_four_models_agree_with_reference",
+    "tests/engine/test_invariance.py",
+    "tests/engine/test_paper_pair_methods.py::test_adafuse_agrees_with_the_reference",
+    "tests/engine/test_paper_pair_methods.py::test_single_equals_generate",
+]
+
+
+def environment() -> dict:
+    import transformers
+
+    cuda = torch.cuda.is_available()
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32 if cuda else None,
+    }
+
+
+def reference_tests(out: Path, dry_run: bool, seconds: float) -> dict:
+    junit = out.parent / "gpu_check_tests.xml"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *TESTS]
+    if dry_run:
+        command.append("--collect-only")
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=seconds)
+    suite = ET.parse(junit).getroot()
+    suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
+    result = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    result.update(returncode=done.returncode, tail=done.stdout[-2000:])
+    junit.unlink(missing_ok=True)
+    return result
+
+
+def shaped_pair_batching(prompts: int, budget: int, data_dir: Path) -> dict:
+    names = make_paper_pair.DEFAULT
+    root = make_paper_pair.cached()
+    pair = Ensemble.from_config([ModelConfig(name=n, path=str(root / n), dtype="bfloat16") for n in names])
+    texts, stop = task_prompts("nq", prompts, data_dir)
+    report = {"prompts": len(texts), "budget": budget, "models": list(names), "runs": {}}
+    for name, (method, cfg) in {
+        "single_llama": ("single", SingleConfig(0)),
+        "single_mistral": ("single", SingleConfig(1)),
+        "adafuse": ("adafuse", AdaFuseConfig()),
+    }.items():
+        spec = METHODS[method]
+
+        def one(members, i):
+            return spec.generate(members, Request(texts[i], stop, budget, trace=True), cfg)  # noqa: B023
+
+        started = time.perf_counter()
+        alone = [one(pair.members, i) for i in range(len(texts))]
+        row = {"batch_1_seconds": time.perf_counter() - started}
+        for exact in (True, False):
+            scheduler = Scheduler(exact=exact)
+            started = time.perf_counter()
+            batched = dict(decode_many(pair.members, range(len(texts)), one, 8, scheduler))
+            label = "exact" if exact else "not_exact"
+            row[f"batch_8_{label}_seconds"] = time.perf_counter() - started
+            row[f"batch_8_{label}_identical"] = sum(batched[i].text == alone[i].text for i in range(len(texts)))
+            if method == "single":
+                row[f"batch_8_{label}_bitwise_logprobs"] = sum(
+                    [s.logprob for s in batched[i].trace.steps] == [s.logprob for s in alone[i].trace.steps]
+                    for i in range(len(texts))
+                )
+            row[f"batch_8_{label}_how"] = scheduler.how
+        report["runs"][name] = row
+        print(f"  {name}: {row}", flush=True)
+    return report
+
+
+def bench_sections(out: Path, dry_run: bool, seconds: float) -> dict:
+    sections = {}
+    scale = "0.05" if dry_run else "0.25"
+    for section, extra in [("singles", []), ("batching", ["--batch-sizes", "1", "8"])]:
+        target = out.parent / f"gpu_check_{section}.json"
+        command = [sys.executable, "scripts/bench_decode.py", "--only", section, "--scale", scale, "--out", str(target)]
+        started = time.perf_counter()
+        done = subprocess.run([*command, *extra], cwd=ROOT, capture_output=True, text=True, timeout=seconds)
+        seconds -= time.perf_counter() - started
+        sections[section] = json.loads(target.read_text()) if target.is_file() else {"error": done.stderr[-2000:]}
+        target.unlink(missing_ok=True)
+    return sections
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="every step at its smallest, on any device")
+    parser.add_argument("--limit", type=float, help="seconds for the whole check (480; a dry run: 3600)")
+    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--out", type=Path, default=ROOT / "results/bench/gpu_check.json")
+    args = parser.parse_args()
+    if not args.dry_run and not torch.cuda.is_available():
+        sys.exit("no CUDA GPU here: run on a GPU machine, or use --dry-run to check the script")
+    deadline = time.perf_counter() + (args.limit or (3600.0 if args.dry_run else 480.0))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"environment": environment(), "dry_run": args.dry_run}
+
+    def step(name, run):
+        left = deadline - time.perf_counter()
+        started = time.perf_counter()
+        try:
+            record[name] = run(left) if left > 0 else {"skipped": "out of time"}
+        except Exception as err:  # a step that fails or runs out of time is recorded; the others still run
+            record[name] = {"error": f"{type(err).__name__}: {err}"}
+        record[name]["seconds"] = time.perf_counter() - started
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"{name}: {time.perf_counter() - started:.0f} s", flush=True)
+
+    step("reference_tests", lambda left: reference_tests(args.out, args.dry_run, left))
+    prompts, budget = (2, 4) if args.dry_run else (24, 32)
+    step("shaped_pair_bf16", lambda left: shaped_pair_batching(prompts, budget, args.data_dir))
+    step("bench_decode", lambda left: bench_sections(args.out, args.dry_run, left))
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
