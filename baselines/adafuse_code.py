@@ -75,13 +75,13 @@ an eos in a call's input stops nothing.
 import math
 import re
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from adafuse.errors import ConfigError
 from adafuse.methods import Method
-from adafuse.model import Member, common_prefix
+from adafuse.model import Member, Rows, common_prefix
 from adafuse.session import Session
 from adafuse.stopping import cut_at_stop
 
@@ -210,6 +210,7 @@ class Next:
     argmax: int  # greedy's token (torch.argmax: the first of equal maxima)
     top: list[tuple[int, float]]  # the most probable (id, log p), torch.topk order: their one-step beam call
     margin: float  # p1 - p2 (compute_top1_margin, L69)
+    logprobs: torch.Tensor = field(repr=False)  # (vocab,) the distribution itself, a view
 
 
 def _next_of(logprobs: torch.Tensor, width: int) -> list[Next]:
@@ -217,53 +218,61 @@ def _next_of(logprobs: torch.Tensor, width: int) -> list[Next]:
     top = logprobs.topk(max(width, 2), dim=-1)
     probs = top.values[:, :2].exp()
     margins = (probs[:, 0] - probs[:, 1]).tolist()
-    return [
-        Next(a, list(zip(ids, lps)), d)
-        for a, ids, lps, d in zip(logprobs.argmax(-1).tolist(), top.indices.tolist(), top.values.tolist(), margins)
-    ]
+    argmax, ids, lps = logprobs.argmax(-1).tolist(), top.indices.tolist(), top.values.tolist()
+    return [Next(argmax[r], list(zip(ids[r], lps[r])), margins[r], logprobs[r]) for r in range(len(argmax))]
+
+
+class Uncovered(Exception):
+    """A frozen greedy row was asked for a token it does not hold."""
 
 
 class Greedy:
-    """Rows of one fork of a member's context P: row i is `heads[i]`, then the argmax after each token.
+    """Rows of one fork, each after the same context C: row i is `heads[i]`, then the argmax after each token.
 
     The rows grow together, one batched pass per token, so every row holds as many tokens; a row may
-    run past what its proposal uses. Their `generate` calls on P + a prefix of a row continue the same
+    run past what its proposal uses. Their `generate` calls on C + a prefix of a row continue the same
     greedy sequence, so each call is a stretch of a row (`call`), whatever call came before it.
     """
 
-    def __init__(self, m: Member, heads: list[list[int]], head_lps: list[list[float]], width: int):
+    def __init__(self, rows: Rows, first: Next, heads: list[list[int]], head_lps: list[list[float]], width: int):
         if len({len(h) for h in heads}) != 1:
             raise AssertionError("rows that grow together need heads of one length")
-        self.m, self.width = m, width
+        self.m, self.rows, self.width = rows.member, rows, width
+        self.context = rows.prefix  # C, the ids before every row's tokens
         self.tokens = [list(h) for h in heads]
-        self.lps = [list(lp) for lp in head_lps]  # log p of each token after P and the tokens before it
-        self.after: list[dict[int, Next]] = [{} for _ in heads]  # after[i][j]: Next after P + tokens[i][:j]
-        self.rows = m.fork(len(heads))
-        self.read = 0  # tokens of every row read into the rows' cache
+        self.lps = [list(lp) for lp in head_lps]  # log p of each token after C and the tokens before it
+        self.after = [{0: first} for _ in heads]  # after[i][j]: Next after C + tokens[i][:j]
+        self.read = 0  # tokens of every row in the rows' cache after C
+        self.base = 0  # of those, the ones in the rows' own prefix (a continuation of last round's row)
+        self.frozen = False  # True: reading is refused (`Uncovered`), only the tokens held may be used
+
+    @classmethod
+    def of(cls, m: Member, heads: list[list[int]], head_lps: list[list[float]], width: int) -> "Greedy":
+        """Rows after the member's committed context."""
+        return cls(m.fork(len(heads)), _next_of(m.logprobs[None], width)[0], heads, head_lps, width)
 
     def next_at(self, i: int, j: int) -> Next:
-        """Next after P + tokens[i][:j] (reads up to j; only the last of several ids read at once has one)."""
+        """Next after C + tokens[i][:j] (reads up to j; only the last of several ids read at once has one)."""
         if j > self.read:
             step = self.rows.extend([t[self.read : j] for t in self.tokens])  # (rows, j - read, vocab)
             for after, nxt in zip(self.after, _next_of(step[:, -1], self.width)):
                 after[j] = nxt
             self.read = j
-        elif j == 0 and not self.after[i]:
-            for after in self.after:
-                after[0] = _next_of(self.m.logprobs[None], self.width)[0]
         return self.after[i][j]
 
     def grow(self, n: int) -> None:
         """Every row holds at least n tokens."""
         while len(self.tokens[0]) < n:
             j = len(self.tokens[0])
+            if self.frozen and j not in self.after[0]:
+                raise Uncovered
             self.next_at(0, j)
             for tokens, lps, after in zip(self.tokens, self.lps, self.after):
                 tokens.append(after[j].argmax)
                 lps.append(after[j].top[0][1])  # the argmax's log p: the maximum
 
     def call(self, i: int, start: int, new: int) -> int:
-        """Their greedy `generate(max_new_tokens=new)` on P + tokens[i][:start]: the end of what it returns.
+        """Their greedy `generate(max_new_tokens=new)` on C + tokens[i][:start]: the end of what it returns.
         It stops after a generated eos id; one in its input stops nothing."""
         end = start
         while end < start + new:
@@ -282,8 +291,55 @@ class Greedy:
             text = _decode(self.m, self.tokens[i][start:end])
         return end, text
 
-    def span(self, text: str, i: int, end: int) -> "Span":
-        return Span(text, self.tokens[i][:end], self.lps[i][:end])
+    def span(self, text: str, i: int, end: int, before: "Span | None" = None) -> "Span":
+        """A candidate: `text`, with tokens[i][:end] (after the ids and log-probs of `before`, if given)."""
+        ids, lps = self.tokens[i][:end], self.lps[i][:end]
+        return Span(text, before.ids + ids, before.lps + lps) if before else Span(text, ids, lps)
+
+    def cut(self, i: int, j: int) -> bool:
+        """Cut row i's cache after C + tokens[i][:j] (this object is then done growing); False where that
+        point lies inside the rows' own prefix."""
+        if not self.base <= j <= self.read:
+            return False
+        self.rows.truncate(i, j - self.base, self.after[i][j].logprobs)
+        self.read = j
+        return True
+
+    def branch(self, j: int, width: int) -> tuple["Greedy", int]:
+        """Rows after C + tokens[0][:j], one per token of their beam call there, and where their own
+        tokens start: 0 when they share this row's KV (this row is cut at j), else j (read again)."""
+        beams = self.next_at(0, j).top[:width]
+        if self.cut(0, j):
+            heads, lps = [[b] for b, _ in beams], [[lp] for _, lp in beams]
+            return Greedy(self.rows.fork(0, len(beams)), self.after[0][j], heads, lps, width), 0
+        heads = [self.tokens[0][:j] + [b] for b, _ in beams]
+        return Greedy.of(self.m, heads, [self.lps[0][:j] + [lp] for _, lp in beams], width), j
+
+    def continuation(self, i: int, n: int) -> "Greedy":
+        """Row i after its first n tokens, as one row over the same KV (what it has read after them stays)."""
+        child = Greedy(self.rows.fork(i, 1), self.after[i][n], [self.tokens[i][n:]], [self.lps[i][n:]], self.width)
+        child.context = self.context + self.tokens[i][:n]
+        child.after[0] = {j - n: nxt for j, nxt in self.after[i].items() if j >= n}
+        child.read = child.base = self.read - n
+        return child
+
+
+def continue_from(m: Member, rows: list[Greedy], ids: list[int], text: str) -> Greedy | None:
+    """If `ids`, the re-encoded prompt + G, continue a row of this round (its context, then its first n
+    tokens, with the distribution after them), make them the member's context without reading anything
+    and return the row's continuation, the start of the next round's greedy row; else None."""
+    for g in rows:
+        n = len(ids) - len(g.context)
+        if n < 1 or ids[: len(g.context)] != g.context:
+            continue
+        for i, tokens in enumerate(g.tokens):
+            if tokens[:n] == ids[len(g.context) :] and n in g.after[i] and g.base <= n <= g.read:
+                after = g.continuation(i, n)
+                g.cut(i, n)
+                m.commit(g.rows, i, text)
+                m.check_invariant()
+                return after
+    return None
 
 
 # ---- one model's proposals ----------------------------------------------------------------------------
@@ -296,13 +352,14 @@ class Span:
     lps: list[float]  # log p of each id in context, as the row that generated it read it
 
 
-def propose(m: Member, cfg: AdaFuseCodeConfig) -> tuple[list[Span], list[float]]:
-    """`generate_candidate_spans` for the member's context P: its candidates, and the margins it tested."""
-    row = Greedy(m, [[]], [[]], cfg.branches)
+def propose(m: Member, cfg: AdaFuseCodeConfig, row: Greedy | None = None):
+    """`generate_candidate_spans` for the member's context P: its candidates, the margins it tested, and
+    its greedy rows. `row`, if given, is the greedy row after P that the last round already started."""
+    row = row or Greedy.of(m, [[]], [[]], cfg.branches)
     first = row.next_at(0, 0)  # their 1-token call on P
     margins = [first.margin]
     if cfg.branches > 1 and first.margin < cfg.tau:
-        return _branch_first_word(m, cfg, first), margins
+        return *_branch_first_word(m, cfg, first, row), margins
     # the first word: t1, their 6-token call, the extension
     row.grow(1)
     end, raw = row.extended(0, 0, row.call(0, 1, FIRST_CALL), 2)
@@ -310,7 +367,7 @@ def propose(m: Member, cfg: AdaFuseCodeConfig) -> tuple[list[Span], list[float]]
     w1_ids = trim(m, row.tokens[0][:end], w1)
     whole_first = row.span(w1, 0, end)  # path B falls back to the untrimmed ids (L572-574, L717-719)
     if first.margin < cfg.tau:  # path A: the uncertain word ends the proposal
-        return ([row.span(w1, 0, len(w1_ids))] if acceptable(w1) else []), margins
+        return ([row.span(w1, 0, len(w1_ids))] if acceptable(w1) else []), [row], margins
     # the second word: t2 from P + w1_ids (their 1-token call), then their 5/6-token call and extension
     j = len(w1_ids)
     second = row.next_at(0, j)
@@ -321,49 +378,63 @@ def propose(m: Member, cfg: AdaFuseCodeConfig) -> tuple[list[Span], list[float]]
         end, raw = row.extended(0, j, row.call(0, j + 1, 5 if stable else 6), 3 if stable else 2)
         words = raw.split()
         if not words:
-            return ([row.span(w1, 0, j)] if acceptable(w1) else []), margins
+            return ([row.span(w1, 0, j)] if acceptable(w1) else []), [row], margins
         text = " ".join([w1] + words[: 2 if stable else 1])
-        return ([row.span(text, 0, len(trim(m, row.tokens[0][:end], text)))] if acceptable(text) else []), margins
+        trimmed = row.span(text, 0, len(trim(m, row.tokens[0][:end], text)))
+        return ([trimmed] if acceptable(text) else []), [row], margins
     # path B (L534-719): 6 tokens, two chunks wanted
     end, raw = row.extended(0, j, row.call(0, j + 1, FIRST_CALL), 2)
     words = raw.split()
     if not words:
-        return ([whole_first] if acceptable(w1) else []), margins
+        return ([whole_first] if acceptable(w1) else []), [row], margins
     text = w1 + " " + words[0]
     if not stable:  # no branching at an uncertain second word; the ids are not trimmed
-        return ([row.span(text, 0, end)] if acceptable(text) else []), margins
-    return _branch_third_word(m, cfg, row, text, trim(m, row.tokens[0][:end], text)), margins
+        return ([row.span(text, 0, end)] if acceptable(text) else []), [row], margins
+    return *_branch_third_word(m, cfg, row, text, len(trim(m, row.tokens[0][:end], text))), margins
 
 
-def _branch_first_word(m: Member, cfg: AdaFuseCodeConfig, first: Next) -> list[Span]:
+def _branch_first_word(m: Member, cfg: AdaFuseCodeConfig, first: Next, row: Greedy):
     """Path B at an uncertain first token (L721-809): the B beam tokens, each completed into a first
-    word slot; the ids are all the tokens generated (7 to 12), untrimmed."""
+    word slot; the ids are all the tokens generated (7 to 12), untrimmed. The first beam token is the
+    greedy one: where `row`, the greedy row after P that the last round started, already holds its
+    whole slot, that slot costs nothing."""
     beams = first.top[: cfg.branches]
-    rows = Greedy(m, [[b] for b, _ in beams], [[lp] for _, lp in beams], cfg.branches)
-    spans = []
-    for i in range(len(beams)):
-        end, raw = rows.extended(i, 0, rows.call(i, 1, FIRST_CALL), 2)
-        text = first_word(raw, cfg.span_length)
-        if raw.split() and acceptable(text):
-            spans.append(rows.span(text, i, end))
-    return spans
+    held = None
+    if row.tokens[0][:1] == [beams[0][0]]:
+        row.frozen = True
+        try:
+            held = _slot(row, 0, cfg.span_length)
+        except Uncovered:
+            pass
+        row.frozen = False
+    fresh = beams[1:] if held else beams
+    rows = Greedy.of(m, [[b] for b, _ in fresh], [[lp] for _, lp in fresh], cfg.branches) if fresh else None
+    slots = ([held] if held else []) + [_slot(rows, i, cfg.span_length) for i in range(len(fresh))]
+    return [span for span in slots if span], [g for g in (row, rows) if g]
 
 
-def _branch_third_word(m: Member, cfg: AdaFuseCodeConfig, row: Greedy, words12: str, ids12: list[int]) -> list[Span]:
-    """Path B after two stable tokens (L617-716): the B beam tokens after the trimmed two words, each
-    completed into a third word; no third margin is tested, the ids are not trimmed."""
-    h = len(ids12)
-    beams = row.next_at(0, h).top[: cfg.branches]  # their one-step beam call on P + ids12
-    lps12 = row.lps[0][:h]
-    rows = Greedy(m, [ids12 + [b] for b, _ in beams], [lps12 + [lp] for _, lp in beams], cfg.branches)
+def _slot(rows: Greedy, i: int, span_length: int) -> Span | None:
+    """Row i's first word slot: its first token, their 6-token call and extension, the word rule."""
+    end, raw = rows.extended(i, 0, rows.call(i, 1, FIRST_CALL), 2)
+    text = first_word(raw, span_length)
+    return rows.span(text, i, end) if raw.split() and acceptable(text) else None
+
+
+def _branch_third_word(m: Member, cfg: AdaFuseCodeConfig, row: Greedy, words12: str, h: int):
+    """Path B after two stable tokens (L617-716): the B beam tokens after the two words' trimmed ids
+    (their first h tokens), each completed into a third word; no third margin is tested, the ids are
+    not trimmed."""
+    ids12 = row.span(words12, 0, h)
+    rows, start = row.branch(h, cfg.branches)  # their one-step beam call on P + ids12
+    before = None if start else ids12  # rows that read the two words again hold their ids themselves
     spans = []
-    for i in range(len(beams)):
-        end, raw = rows.extended(i, h, rows.call(i, h + 1, FIRST_CALL), 2)
+    for i in range(len(rows.tokens)):
+        end, raw = rows.extended(i, start, rows.call(i, start + 1, FIRST_CALL), 2)
         words = raw.split()
         text = words12 + " " + words[0] if words else ""
         if words and acceptable(text):
-            spans.append(rows.span(text, i, end))
-    return spans
+            spans.append(rows.span(text, i, end, before))
+    return spans, [row, rows]
 
 
 # ---- pool, scores, selection --------------------------------------------------------------------------
@@ -477,10 +548,10 @@ def decode(s: Session, cfg: AdaFuseCodeConfig) -> None:
     prompt = s.request.prompt
     prompt_ids = [list(m.ids) for m in s.members]
     eos_strings = [m.tokenizer.eos_token for m in s.members if m.tokenizer.eos_token]
-    why = ""
+    why, seeds = "", [None] * len(s.members)
     for round_idx in range(cfg.max_rounds):
-        proposals, margins = zip(*(propose(m, cfg) for m in s.members))
-        pool, own = build_pool(list(proposals))
+        spans, rows, margins = zip(*(propose(m, cfg, seed) for m, seed in zip(s.members, seeds)))
+        pool, own = build_pool(list(spans))
         for k, m in enumerate(s.members):
             score_pool(m, k, pool, own)
         fuse(pool)
@@ -499,13 +570,17 @@ def decode(s: Session, cfg: AdaFuseCodeConfig) -> None:
             if any(len(i) - common_prefix(i, p) >= s.max_new_tokens for i, p in zip(ids, prompt_ids)):
                 stop = "length"
         if s.record:
-            props = [Proposal(d, [(sp.text, sp.ids) for sp in spans]) for spans, d in zip(proposals, margins)]
+            props = [Proposal(d, [(sp.text, sp.ids) for sp in sps]) for sps, d in zip(spans, margins)]
             s.record.steps.append(CodeRound(round_idx, props, pool, best.text if best else None, new, stop))
         if stop is not None:
             why = stop
             break
-        for m, m_ids in zip(s.members, ids):
-            _read_prefix(m, m_ids, new)
+        # every model's context becomes the re-encoded prompt + G: a row of this round that holds it
+        # already, or else the ids after what the new encoding shares with the context, read
+        seeds = [continue_from(m, g, i, new) for m, g, i in zip(s.members, rows, ids)]
+        for m, seed, m_ids in zip(s.members, seeds, ids):
+            if seed is None:
+                _read_prefix(m, m_ids, new)
     s.stats.stop_reason = STOP_REASONS[why]
     s.stats.notes.update(authors_pred=authors_pred(prompt, s.text), authors_stop=why)
     outputs = [m.encode(prompt + s.text) for m in s.members]
