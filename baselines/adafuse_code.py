@@ -17,7 +17,10 @@ Knobs, their flags and defaults (ours, theirs):
 - `span_length` (`--span_length`; 1, 4): words in a proposal's first word slot. Their round adds up to
   two more words, so a round holds up to span_length + 2 words; the paper's M = 3 words per round
   implies 1 (with 4 a round could add 6 words).
-- `max_rounds` (`--max_span_rounds`; 5, 5): rounds before their loop ends.
+- `max_rounds` (`--max_span_rounds`; 5, 5): rounds before their loop ends, their only length cap: at
+  most 15 words with the defaults, enough for the QA prompts' "no more than 15 words" but not for a
+  FLORES sentence or a GSM8K solution. The paper's runs on those must have used more; how many is
+  unknown (the recordings use 25 for FLORES), so the default stays theirs.
 
 Their `--max_words`, `--max_new_tokens`, `--max_total_tokens` and `--voting_strategy` are parsed and
 never read; they have no knob here. The three- and four-model scripts are path A with `span_length` 1
@@ -54,8 +57,8 @@ The Request's stop strings and budget (their code has neither):
   after 5 rounds of at most 3 words; the tasks' budgets (32 tokens for QA, 160 FLORES, 256 GSM8K)
   bind only where G passes them before round 5, and `authors_stop` "length" marks every such example.
 - `positions_needed` is the budget plus one round: a row of one proposal holds at most 36 tokens
-  (three word slots of 12), and another model's candidate is re-encoded from at most 36 of the
-  proposer's tokens, allowed 2 tokens each (the fixtures' largest ratio is far below; README).
+  (three word slots of 12), and another model's candidate, the text of at most 36 of the proposer's
+  tokens re-encoded, is allowed twice that, 72 (the recordings' longest is 9 ids).
 
 Fast: every member keeps its KV cache across rounds. Their code re-encodes the whole prefix for every
 `generate` call and every score; here each member re-encodes prompt + G once per round and reads only
@@ -112,7 +115,7 @@ ROUND_TOKENS = 3 * WORD_TOKENS  # a proposal row: first word, second word, third
 FOREIGN_PER_TOKEN = 2  # positions allowed per proposer token when another model re-encodes its candidate
 
 _BOXED = re.compile(r"\\?boxed\s*\{", re.IGNORECASE)  # L1076
-_UP_TO_BOX = re.compile(r"(.*?\\?boxed\s*\{[^}]*\})", re.IGNORECASE)  # extract_boxed_answer, L864
+_UP_TO_BOX = re.compile(r"(.*?\\?boxed\s*\{[^}]*\})", re.IGNORECASE)  # extract_boxed_answer, L865
 _BEFORE_MARKER = re.compile(r"(.*?)(?:\bquestion\s*:|\bnote\s*:|<)", re.IGNORECASE)  # L860
 
 
@@ -143,14 +146,14 @@ def first_word(text: str, span_length: int) -> str:
 
 
 def before_marker(text: str) -> str:
-    """`clean_text_before_question` (L859): the text before the first `question:`, `note:` (after a
+    """`clean_text_before_question` (L860): the text before the first `question:`, `note:` (after a
     word boundary, any case, spaces before the colon allowed) or `<`, stripped."""
     match = _BEFORE_MARKER.search(text)
     return match.group(1).strip() if match else text.strip()
 
 
 def up_to_box(text: str) -> str:
-    """`extract_boxed_answer` (L864): the text up to the first `}` after `boxed{`, stripped."""
+    """`extract_boxed_answer` (L865): the text up to the first `}` after `boxed{`, stripped."""
     match = _UP_TO_BOX.search(text)
     return match.group(1).strip() if match else text.strip()
 
