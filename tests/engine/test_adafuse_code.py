@@ -64,9 +64,9 @@ def features(example: dict) -> set:
         for prop in rnd["proposals"]:
             seen |= {("call", c["line"]) for c in prop["calls"]} | {("trim", t["line"]) for t in prop["trims"]}
             seen.add(("spans", min(len(prop["spans"]), 2)))
-        texts = [s["text"] for p in rnd["proposals"] for s in p["spans"]]
-        if len(texts) != len(set(texts)):
-            seen.add(("merged duplicate",))
+            texts = [s["text"] for s in prop["spans"]]
+            if len(texts) != len(set(texts)):
+                seen.add(("a model's duplicate",))
         for e in rnd["pool"]:
             seen |= {("nan",)} if None in e["scores"] else set()
             seen |= {("own by several",)} if sum(i is not None for i in e["own_ids"]) > 1 else set()
