@@ -33,6 +33,7 @@ from authors_code import default_cache_dir  # noqa: E402
 
 PUNCT = set(string.punctuation)
 MARKERS = ("question:", "note:")
+REJECTED = Counter()
 
 
 def all_punct(s: str) -> bool:
@@ -40,7 +41,10 @@ def all_punct(s: str) -> bool:
 
 
 def acceptable(s: str) -> bool:
-    return bool(s.strip()) and not all_punct(s)
+    ok = bool(s.strip()) and not all_punct(s)
+    if not ok:
+        REJECTED["rejected_candidates"] += 1
+    return ok
 
 
 def needs_more(text: str, need: int) -> bool:
@@ -191,10 +195,11 @@ def boxed_part(text: str) -> str:
 
 
 class Checker:
-    def __init__(self, models: bool):
+    def __init__(self, models: bool, model_rounds: int | None = None):
         from transformers import AutoTokenizer
 
         self.models = models
+        self.model_rounds = model_rounds
         self._tok: dict[str, object] = {}
         self._model: dict[str, object] = {}
         self.AutoTokenizer = AutoTokenizer
@@ -256,6 +261,8 @@ class Checker:
                             self.notes.append(f"{where} model {m + 1}: margin {mg:.6f} within 1e-3 of theta {theta}")
                     for s, ids in spans:
                         pool.setdefault(s, [None] * n)[m] = ids
+                        if " ".join(tok.decode(ids, skip_special_tokens=False).split()) != s:
+                            self.stats["span_ids_decode_to_other_text" + ("_pathB" if path_b else "_pathA")] += 1
                     self.stats["proposals"] += 1
                 # 2. pool order, merging, re-tokenisation
                 assert [e["text"] for e in rnd["pool"]] == list(pool), f"{where}: pool order"
@@ -315,7 +322,7 @@ class Checker:
                     self.stats["marker_rounds_adding_nothing"] += 1
                 if rnd["appended"] and sel != kept:
                     self.stats["partial_kept"] += 1
-                if self.models:
+                if self.models and (self.model_rounds is None or rnd["round"] <= self.model_rounds):
                     self.check_models(dirs, toks, prefix, rnd, where)
                 if app:
                     self.boundary_stats(toks, prefix, app, rnd, sel)
@@ -382,6 +389,7 @@ class Checker:
                     nll = -lp[0, n - 1:-1].gather(-1, torch.tensor(span)[:, None]).mean().item()
                     rec = e["scores"][m]
                     assert rec is not None and abs(nll - rec) < 1e-4, f"{where} model {m + 1}: score {rec} vs recomputed {nll}"
+                    self.stats["uncached_max_diff_e9"] = max(self.stats["uncached_max_diff_e9"], int(abs(nll - rec) * 1e9))
                     import copy
                     c2 = copy.deepcopy(cache)
                     step = model(torch.tensor([span]), past_key_values=c2, use_cache=True).logits.float()
@@ -389,19 +397,21 @@ class Checker:
                     nll2 = -lp2[0].gather(-1, torch.tensor(span)[:, None]).mean().item()
                     self.stats["scores_recomputed"] += 1
                     d = abs(nll2 - rec)
-                    self.stats["cached_max_diff_e9"] = max(self.stats["cached_max_diff_e9"], int(d * 1e9))
+                    key = f"cached_max_diff_e9_model{m + 1}"
+                    self.stats[key] = max(self.stats[key], int(d * 1e9))
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("files", nargs="*", type=Path, help="fixture files (default: all of tests/fixtures/authors_code/*.json)")
     p.add_argument("--models", action="store_true", help="also run the models (slow)")
+    p.add_argument("--model-rounds", type=int, help="with --models: only the first N rounds of each example")
     a = p.parse_args()
     import torch
 
     torch.set_num_threads(1)
     files = a.files or sorted(FIXTURES.glob("*.json"))
-    ch = Checker(a.models)
+    ch = Checker(a.models, a.model_rounds)
     bad = 0
     for f in files:
         try:
@@ -410,7 +420,7 @@ def main() -> int:
         except AssertionError as err:
             bad += 1
             print(f"FAIL {f.name}: {err}")
-    print(dict(ch.stats))
+    print(dict(ch.stats, **REJECTED))
     for note in ch.notes:
         print("note:", note)
     return 1 if bad else 0
