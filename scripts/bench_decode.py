@@ -13,6 +13,11 @@
    on the same 48 benchmark prompts: throughput (examples per second), the AdaFuse cost per example
    against the two members' unbatched greedy decoding, outputs identical to batch size 1, and the
    peak memory of each run.
+4. `--only authors --authors-code PATH`: the authors' released decoder (a checkout of CCM0111/AdaFuse,
+   run unmodified through scripts/authors_code.py) against our `method=adafuse_code`, on the same NQ
+   questions of their test file with their prompt, interleaved question by question with our `adafuse`
+   and the two single models: wall time per example, the speed-up over their code (goal >= 10x), and
+   their `pred` against ours (identical).
 Prints a table and writes the figures to results/bench/decode.json.
 """
 
@@ -24,8 +29,10 @@ import json
 import platform
 import resource
 import sys
+import tempfile
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import psutil
@@ -265,6 +272,75 @@ def compare_batch_sizes(
     return out
 
 
+def compare_with_authors(ens: Ensemble, data_dir: Path, authors_code: Path, count: int, options: dict) -> dict:
+    """Their decoder, ours (`adafuse_code`, the same knobs), our `adafuse` and the single models on the
+    first `count` questions of their NQ test file, prompt by prompt (machine drift hits all alike).
+
+    Their code runs in this process through scripts/authors_code.py (models loaded once, not timed, no
+    recording); `options` are our knobs, passed to theirs under their flag names. Outputs compared:
+    their `pred` against ours (`stats.notes["authors_pred"]`)."""
+    from scripts.authors_code import TASKS, AuthorsCode
+
+    test_set, prompt_file = (data_dir / "adafuse_local_datasets" / part for part in TASKS["nq"])
+    cfg = METHODS["adafuse_code"].config(**options)
+    flags = dict(
+        theta_delta=cfg.tau, beam_size=cfg.branches, span_length=cfg.span_length, max_span_rounds=cfg.max_rounds
+    )
+    workdir = tempfile.mkdtemp(prefix="authors_code_")  # their worker writes its logs and outputs there
+    theirs = AuthorsCode(authors_code, "two", [str(m.model.name_or_path) for m in ens.members], None, workdir)
+    few_shot = prompt_file.read_text(encoding="utf-8")
+    questions = [json.loads(line)["question"] for line in test_set.open(encoding="utf-8")][:count]
+    runs = {
+        "adafuse_code": dict(method="adafuse_code", **options, max_new_tokens=512),
+        "adafuse": dict(method="adafuse", stop=["\n"], max_new_tokens=32),
+        "single_0": dict(method="single", member=0, stop=["\n"], max_new_tokens=32),
+        "single_1": dict(method="single", member=1, stop=["\n"], max_new_tokens=32),
+    }
+    seconds = {name: 0.0 for name in ["authors", *runs]}
+    identical, rows = 0, []
+    for kwargs in runs.values():  # warm-up: read the shared few-shot prefix once per method
+        ens.decode(few_shot + f"\n\nQuestion: {questions[0]}\nAnswer:", **{**kwargs, "max_new_tokens": 1})
+    for index, question in enumerate(questions):
+        prompt = few_shot + f"\n\nQuestion: {question}\nAnswer:"  # their qa_collate_fn
+        (their,) = theirs.run(test_set, prompt_file, [index], record=False, **flags)
+        seconds["authors"] += their["wall_s"]
+        row = {"question": question, "authors_pred": their["pred"], "authors_s": their["wall_s"]}
+        for name, kwargs in runs.items():
+            gen = ens.decode(prompt, **kwargs)
+            seconds[name] += gen.stats.seconds
+            row[f"{name}_s"] = gen.stats.seconds
+            if name == "adafuse_code":
+                row["pred"] = gen_pred = gen.stats.notes["authors_pred"]
+        identical += gen_pred == their["pred"]
+        rows.append(row)
+        print(
+            f"  [{index}] theirs {their['wall_s']:.1f}s, ours {row['adafuse_code_s']:.2f}s "
+            f"({their['wall_s'] / row['adafuse_code_s']:.1f}x), pred {their['pred']!r} "
+            f"{'==' if gen_pred == their['pred'] else '!='} {gen_pred!r}",
+            flush=True,
+        )
+    # as the runner decodes a task: examples in flight together (adafuse/batching.py); not interleaved
+    prompts = [few_shot + f"\n\nQuestion: {q}\nAnswer:" for q in questions]
+    started = time.perf_counter()
+    batched = ens.decode_batch(prompts, batch_size=8, **runs["adafuse_code"])
+    seconds["adafuse_code_batch_8"] = time.perf_counter() - started
+    singles = seconds["single_0"] + seconds["single_1"]
+    return {
+        "questions": len(questions),
+        "knobs": asdict(cfg),
+        "their_flags": flags,
+        "seconds": seconds,
+        "speedup_over_authors": seconds["authors"] / seconds["adafuse_code"],
+        "speedup_over_authors_batch_8": seconds["authors"] / seconds["adafuse_code_batch_8"],
+        "identical_preds_batch_8": sum(
+            g.stats.notes["authors_pred"] == r["authors_pred"] for g, r in zip(batched, rows)
+        ),
+        "vs_sum_of_singles": {name: seconds[name] / singles for name in ["authors", "adafuse_code", "adafuse"]},
+        "identical_preds": identical,
+        "examples": rows,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=BESIDE_CHECKOUT)
@@ -272,7 +348,14 @@ def main() -> None:
     parser.add_argument("--scale", type=float, help="the fraction of each task's prompts to use (--quick: 0.25)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
-    parser.add_argument("--only", choices=["singles", "reference", "batching"], help="run one section (1, 2 or 3)")
+    parser.add_argument(
+        "--only", choices=["singles", "reference", "batching", "authors"], help="run one section (1, 2, 3 or 4)"
+    )
+    parser.add_argument("--authors-code", type=Path, help="a checkout of CCM0111/AdaFuse (section 4)")
+    parser.add_argument("--authors-questions", type=int, default=10, help="NQ questions for section 4")
+    parser.add_argument(
+        "--authors-knobs", default="", help="section 4's knobs, e.g. 'branches=1,span_length=1' (default: ours)"
+    )
     parser.add_argument(
         "--batching-runs",
         nargs="+",
@@ -280,8 +363,11 @@ def main() -> None:
         help="section 3's methods (all three: the ratio to greedy)",
     )
     parser.add_argument("--batching-task", choices=[t for t, _, _ in SUITE], help="48 prompts of one task, not the mix")
-    parser.add_argument("--out", type=Path, default=ROOT / "results/bench/decode.json")
+    parser.add_argument(
+        "--out", type=Path, help="default: results/bench/decode.json (authors.json with --only authors)"
+    )
     args = parser.parse_args()
+    args.out = args.out or ROOT / "results/bench" / ("authors.json" if args.only == "authors" else "decode.json")
     torch.set_num_threads(args.threads)
 
     ens = Ensemble.from_config(["smollm2_135m", "gemma3_270m"])
@@ -310,6 +396,29 @@ def main() -> None:
             f"fast vs cache-free reference: {ref['speedup']:.1f}x faster on {ref['prompts']} prompts of "
             f"{min(ref['prompt_tokens'])}-{max(ref['prompt_tokens'])} tokens, {ref['budget']} new tokens "
             f"(goal >= 20x); identical outputs {ref['identical_outputs']}/{ref['prompts']}"
+        )
+    if args.only == "authors" or args.only is None and args.authors_code:
+        if not args.authors_code:
+            parser.error("--only authors needs --authors-code PATH (a checkout of CCM0111/AdaFuse)")
+        options = {
+            k: float(v) if k == "tau" else int(v)
+            for k, v in (kv.split("=") for kv in args.authors_knobs.split(",") if kv)
+        }
+        print("4. the authors' decoder vs ours (adafuse_code), adafuse and the single models, NQ", flush=True)
+        record["authors"] = authors = compare_with_authors(
+            ens, args.data_dir, args.authors_code, 2 if args.quick else args.authors_questions, options
+        )
+        ratio = authors["vs_sum_of_singles"]
+        print(
+            f"their code {authors['seconds']['authors']:.1f}s, ours {authors['seconds']['adafuse_code']:.1f}s: "
+            f"{authors['speedup_over_authors']:.1f}x faster (goal >= 10x); identical preds "
+            f"{authors['identical_preds']}/{authors['questions']}; ÷ summed greedy: theirs {ratio['authors']:.1f}, "
+            f"ours {ratio['adafuse_code']:.2f}, adafuse {ratio['adafuse']:.2f}"
+        )
+        print(
+            f"ours as the runner runs it (8 examples in flight): {authors['seconds']['adafuse_code_batch_8']:.1f}s, "
+            f"{authors['speedup_over_authors_batch_8']:.1f}x faster; identical preds "
+            f"{authors['identical_preds_batch_8']}/{authors['questions']}"
         )
     if args.only in (None, "singles"):
         print("1. every method vs the two single models (same prompts, interleaved)", flush=True)
