@@ -71,7 +71,9 @@ def trim(tok, ids: list[int], target: str) -> list[int]:
         if target.startswith(d) or target.lower().startswith(d.lower()):
             best = ids[:i]
             continue
-        if (d.startswith(target) and len(d) > len(target)) or (d.lower().startswith(target.lower()) and len(d) > len(target)):
+        if (d.startswith(target) and len(d) > len(target)) or (
+            d.lower().startswith(target.lower()) and len(d) > len(target)
+        ):
             return best if best is not None else (ids[: i - 1] if i > 1 else ids[:i])
     return best if best is not None else ids
 
@@ -96,7 +98,9 @@ class Calls:
         self.k += 1
         got = (c["max_new"], c["beams"], c["in"])
         if got != (max_new, beams, in_len):
-            raise AssertionError(f"{self.where}: call {self.k} was (max_new, beams, in)={got}, expected {(max_new, beams, in_len)}")
+            raise AssertionError(
+                f"{self.where}: call {self.k} was (max_new, beams, in)={got}, expected {(max_new, beams, in_len)}"
+            )
         return c
 
     def done(self):
@@ -216,7 +220,9 @@ class Checker:
         from transformers import AutoModelForCausalLM
 
         if d not in self._model:
-            self._model[d] = AutoModelForCausalLM.from_pretrained(str(default_cache_dir() / "gguf" / d), dtype=torch.float32).eval()
+            self._model[d] = AutoModelForCausalLM.from_pretrained(
+                str(default_cache_dir() / "gguf" / d), dtype=torch.float32
+            ).eval()
         return self._model[d]
 
     def check_file(self, path: Path):
@@ -249,7 +255,9 @@ class Checker:
                     else:
                         spans, n_margins = propose_path_a(tok, calls, margins, n_prompt, theta, span_length)
                     calls.done()
-                    assert len(margins) == n_margins, f"{where} model {m + 1}: {len(margins)} margins, expected {n_margins}"
+                    assert len(margins) == n_margins, (
+                        f"{where} model {m + 1}: {len(margins)} margins, expected {n_margins}"
+                    )
                     got = [(s["text"], s["ids"]) for s in prop["spans"]]
                     assert got == spans, f"{where} model {m + 1}: proposals {got} != rebuilt {spans}"
                     for c, mg in zip([c for c in prop["calls"] if "top5" in c], margins):
@@ -270,7 +278,11 @@ class Checker:
                 for e in rnd["pool"]:
                     assert e["own_ids"] == pool[e["text"]], f"{where}: own ids of {e['text']!r}"
                     for m in range(n):
-                        want = e["own_ids"][m] if e["own_ids"][m] is not None else toks[m](e["text"], add_special_tokens=False)["input_ids"]
+                        want = (
+                            e["own_ids"][m]
+                            if e["own_ids"][m] is not None
+                            else toks[m](e["text"], add_special_tokens=False)["input_ids"]
+                        )
                         assert e["scored_ids"][m] == want, f"{where}: model {m + 1} scored ids of {e['text']!r}"
                         if e["own_ids"][m] is None:
                             self.stats["retokenised"] += 1
@@ -279,7 +291,9 @@ class Checker:
                                 self.stats["retok_differs_from_spaced"] += 1
                     vals = [s for s in e["scores"] if s is not None]
                     if n == 2:
-                        avg = None if not vals else (vals[0] if len(vals) == 1 else (e["scores"][0] + e["scores"][1]) / 2)
+                        avg = (
+                            None if not vals else (vals[0] if len(vals) == 1 else (e["scores"][0] + e["scores"][1]) / 2)
+                        )
                     else:
                         avg = sum(vals) / len(vals) if vals else None
                     if avg is None:
@@ -353,7 +367,7 @@ class Checker:
                     self.stats["winner_own_ids_equal_retokenised_tail"] += 1
                 else:
                     self.stats["winner_own_ids_differ_from_retokenised_tail"] += 1
-            tail = after[len(before):] if after[: len(before)] == before else None
+            tail = after[len(before) :] if after[: len(before)] == before else None
             if tail is not None and tail != tok(app, add_special_tokens=False)["input_ids"]:
                 self.stats["tail_differs_from_tokenised_append"] += 1
 
@@ -370,12 +384,16 @@ class Checker:
                 first = prop["calls"][0]
                 p, ix = torch.topk(probs, 5)
                 for (rid, rp), tid, tp in zip(first["top5"], ix.tolist(), p.tolist()):
-                    assert rid == tid and abs(rp - tp) < 1e-5, f"{where} model {m + 1}: top-5 {first['top5']} vs forward {list(zip(ix.tolist(), p.tolist()))}"
+                    assert rid == tid and abs(rp - tp) < 1e-5, (
+                        f"{where} model {m + 1}: top-5 {first['top5']} vs forward {list(zip(ix.tolist(), p.tolist()))}"
+                    )
                 self.stats["top5_vs_forward"] += 1
                 beam_calls = [c for c in prop["calls"] if c["beams"] > 1 and c["in"] == ids.shape[1]]
                 for c in beam_calls:
                     want = torch.topk(torch.log_softmax(logits, -1), c["beams"]).indices.tolist()
-                    assert [s[0] for s in c["new"]] == want, f"{where} model {m + 1}: beam tokens {c['new']} vs top-{c['beams']} {want}"
+                    assert [s[0] for s in c["new"]] == want, (
+                        f"{where} model {m + 1}: beam tokens {c['new']} vs top-{c['beams']} {want}"
+                    )
                     self.stats["beam_vs_topk"] += 1
                 # scores: recomputed uncached, and with a KV cache of the prefix
                 cache = out.past_key_values
@@ -386,11 +404,16 @@ class Checker:
                     full = torch.cat([ids, torch.tensor([span])], dim=1)
                     lp = torch.log_softmax(model(full).logits.float(), -1)
                     n = ids.shape[1]
-                    nll = -lp[0, n - 1:-1].gather(-1, torch.tensor(span)[:, None]).mean().item()
+                    nll = -lp[0, n - 1 : -1].gather(-1, torch.tensor(span)[:, None]).mean().item()
                     rec = e["scores"][m]
-                    assert rec is not None and abs(nll - rec) < 1e-4, f"{where} model {m + 1}: score {rec} vs recomputed {nll}"
-                    self.stats["uncached_max_diff_e9"] = max(self.stats["uncached_max_diff_e9"], int(abs(nll - rec) * 1e9))
+                    assert rec is not None and abs(nll - rec) < 1e-4, (
+                        f"{where} model {m + 1}: score {rec} vs recomputed {nll}"
+                    )
+                    self.stats["uncached_max_diff_e9"] = max(
+                        self.stats["uncached_max_diff_e9"], int(abs(nll - rec) * 1e9)
+                    )
                     import copy
+
                     c2 = copy.deepcopy(cache)
                     step = model(torch.tensor([span]), past_key_values=c2, use_cache=True).logits.float()
                     lp2 = torch.log_softmax(torch.cat([logits[None, None], step[:, :-1]], dim=1), -1)
@@ -403,7 +426,9 @@ class Checker:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("files", nargs="*", type=Path, help="fixture files (default: all of tests/fixtures/authors_code/*.json)")
+    p.add_argument(
+        "files", nargs="*", type=Path, help="fixture files (default: all of tests/fixtures/authors_code/*.json)"
+    )
     p.add_argument("--models", action="store_true", help="also run the models (slow)")
     p.add_argument("--model-rounds", type=int, help="with --models: only the first N rounds of each example")
     a = p.parse_args()

@@ -9,9 +9,9 @@ import re
 import pytest
 
 import eval.runner
+from conf.compose import compose_run
 from eval.runner import main
 from tests.conftest import SHARED_DATA
-from tests.harness import compose_run
 from tests.paper_pair import overrides
 
 CONTROL_TEXT = re.compile(r"<\|[a-z_0-9]+\|>|\[control_\d+\]|\[/?INST\]|\[TOOL_CALLS\]|</s>|<s>|<unk>")
