@@ -8,9 +8,9 @@ One row per single model, baseline and AdaFuse configuration (a run id other tha
 of the row's name; LLM-Blender's ranker and DeePEn's main member always are), one column per task, and
 the average over tasks. protocol=paper runs (README, "The paper's protocol") come last and report their
 paper_* metric in every table, so that with --paper they sit right above the paper's published rows.
-Every cell is the metric ± its bootstrap standard error over examples. The gain rows compare AdaFuse (run id `default`) with
-the best baseline and the best single model of each column, on the examples both scored, with a
-paired bootstrap 95% interval. Column headers give the slice size n and the data variant when all
+Every cell is the metric ± its bootstrap standard error over examples. The gain rows compare AdaFuse
+(run id `default`) with the best baseline and the best single model of each column, on the examples
+both scored, with a paired bootstrap 95% interval. Column headers give the slice size n and the data variant when all
 of a column's cells share them; otherwise every cell gives its own.
 
 Writes table1.md, table1.tex and table1.csv (table1_paper.* with --metric paper) into --out
