@@ -200,16 +200,24 @@ def frame(rows: dict, tasks: list[str], gain_rows: dict, with_paper: bool) -> pd
     shared = uniform_slices(rows, tasks)
     header = {t: TASKS[t] + (f" (n={shared[t][0]}, {shared[t][1]})" if shared[t] else "") for t in tasks}
     lines = {}
-    for row in ordered(rows):
+
+    def add(row: tuple[str, str]) -> None:
         cells = rows[row]
         lines[row[1]] = {header[t]: cell_text(cells[t], shared[t]) if t in cells else "" for t in tasks}
         lines[row[1]][AVERAGE] = average_text(cells, tasks)
+
+    for row in ordered(rows):
+        if row[0] != "protocol":
+            add(row)
     for label, row in gain_rows.items():
         if not row:  # no baseline (or no single model) in the results
             continue
         for relative in (True, False):
             name = f"AdaFuse gain {label} ({'%' if relative else 'points'})"
             lines[name] = {header.get(t, t): gain_text(row.get(t), relative) for t in [*tasks, AVERAGE]}
+    for row in ordered(rows):  # protocol=paper runs: after the gains, right above the paper's own rows
+        if row[0] == "protocol":
+            add(row)
     if with_paper:
         for name, values in PAPER.items():
             by_task = dict(zip([*TASKS, AVERAGE], values))
