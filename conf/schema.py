@@ -68,6 +68,8 @@ class TaskConf:
     shard: int = 0  # into the same run directory as the other shards
     prompt_file: str | None = None  # the paper's prompt file: its text + paper_query replace our prompt
     paper_query: str | None = None
+    # The task's prompt file in the paper's runs, relative to data.dir: protocol=paper makes it prompt_file.
+    paper_prompt_file: str | None = None
     path: str | None = None  # task=custom: the JSONL file of prompts
 
     def __post_init__(self):
@@ -125,6 +127,9 @@ class RunConf:
     batch_exact: bool = True
     progress: bool = True
     results_dir: str = "results"  # runs write to <results_dir>/<task>/<method>/<model_pair>/<run_id>
+    # Set by the `protocol` group (conf/protocol/): none, or paper (the paper's files, prompts, decoder and
+    # scorers). Choose it as `protocol=paper`, never `protocol: ...` in a config, so that it is in the run id.
+    protocol: str = "none"
 
 
 def method_schema(name: str) -> type:

@@ -53,10 +53,16 @@ class Run:
             )
         return [by_id[i] for i in self.ids]
 
+    @property
+    def protocol(self) -> str:
+        """The run's protocol (conf/protocol/): none, or paper; runs from before the switch: none."""
+        return self.metrics.get("protocol") or self.config.get("protocol") or "none"
+
     def metric_name(self, kind: str) -> str | None:
-        """The reported name of the task's primary metric: the first one, or the first paper_* replica."""
+        """The reported name of the task's primary metric: the first one, or the first paper_* replica;
+        a protocol=paper run reports its paper_* replica in every table (the paper's scorers are part of it)."""
         names = list(self.metrics["metrics"])
-        if kind == "paper":
+        if kind == "paper" or self.protocol == "paper":
             names = [n for n in names if n.startswith("paper_")]
         return names[0] if names else None
 

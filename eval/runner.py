@@ -158,7 +158,7 @@ def check_context(ensemble: Ensemble, prompts: list[str], task: Task, method) ->
 
 def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tracker) -> None:
     """Decode `todo` with `settings.batch_size` examples in flight; each is written as soon as it finishes."""
-    primary = next(iter(task.metrics), None)
+    primary = task.primary_metric(settings.protocol == "paper")
     scale = task.metrics[primary].scale if primary else 1.0
     done = [r["scores"][primary] for r in out.records.values() if primary in r["scores"]]
     bar = tqdm(total=len(todo), desc=f"{task.name} {method.name}", unit="ex", disable=not settings.progress)
@@ -203,6 +203,7 @@ def summary(task: Task, records: list[dict], settings, models) -> dict:
         "task": task.name,
         "task_version": task.cfg.version,
         "variant": settings.data.variant,
+        "protocol": settings.protocol,  # paper: the paper's files, prompts and scorers (its paper_* metrics)
         "data_dir": settings.data.dir,  # None: the Hugging Face hub
         "method": asdict(settings.method),
         "model_pair": settings.model_pair.name,

@@ -107,12 +107,22 @@ class Task:
     def _read_prompt_file(self) -> str | None:
         if self.cfg.prompt_file is None:
             return None
-        path = Path(self.cfg.prompt_file).expanduser()
+        path = self.prompt_file_path()
         if not path.is_file():
             raise DataError(f"task.prompt_file {path} does not exist")
         if self.cfg.paper_query is None:
             raise ConfigError(f"task {self.name!r} defines no paper_query to follow a prompt file")
         return path.read_text(encoding="utf-8")
+
+    def prompt_file_path(self) -> Path:
+        """task.prompt_file as a path: a relative one is read below data.dir when that holds it (the paper's
+        prompt files, `paper_prompt_file`, are named so), else from the working directory."""
+        path = Path(self.cfg.prompt_file).expanduser()
+        if not path.is_absolute() and self.data.dir is not None:
+            below = Path(self.data.dir).expanduser() / path
+            if below.is_file():
+                return below
+        return path
 
     # ---- prompts --------------------------------------------------------------------------------
 
@@ -126,6 +136,14 @@ class Task:
         return "\n\n".join(parts)
 
     # ---- scores ---------------------------------------------------------------------------------
+
+    def primary_metric(self, paper: bool = False) -> str | None:
+        """The reported name of the metric a run reports first: the task's first, or under protocol=paper
+        (`paper`) its first paper_* replica of the authors' scorers."""
+        names = list(self.metrics)
+        if paper:
+            names = [n for n in names if n.startswith("paper_")] or names
+        return names[0] if names else None
 
     def score(self, example: Example, prediction: str) -> tuple[str, dict[str, float]]:
         """The extracted answer and the per-example scores (empty without references)."""

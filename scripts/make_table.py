@@ -5,10 +5,12 @@
     python scripts/make_table.py results --paper            # plus the paper's published numbers
 
 One row per single model, baseline and AdaFuse configuration (a run id other than `default` is part
-of the row's name), one column per task, and the average over tasks. Every cell is the metric ±
-its bootstrap standard error over examples. The gain rows compare AdaFuse (run id `default`) with
-the best baseline and the best single model of each column, on the examples both scored, with a
-paired bootstrap 95% interval. Column headers give the slice size n and the data variant when all
+of the row's name; LLM-Blender's ranker and DeePEn's main member always are), one column per task, and
+the average over tasks. protocol=paper runs (README, "The paper's protocol") come last and report their
+paper_* metric in every table, so that with --paper they sit right above the paper's published rows.
+Every cell is the metric ± its bootstrap standard error over examples. The gain rows compare AdaFuse
+(run id `default`) with the best baseline and the best single model of each column, on the examples
+both scored, with a paired bootstrap 95% interval. Column headers give the slice size n and the data variant when all
 of a column's cells share them; otherwise every cell gives its own.
 
 Writes table1.md, table1.tex and table1.csv (table1_paper.* with --metric paper) into --out
@@ -50,7 +52,7 @@ PAPER = {
     "LLaMA-3.1-8B-Instruct": [34.24, 80.13, 78.97, 81.05, 31.33, 41.78, 57.92],
     "Qwen3-8B": [23.85, 76.72, 64.72, 89.99, 17.45, 36.95, 51.61],
     "InternLM3-8B-Instruct": [27.15, 81.77, 65.38, 76.72, 28.17, 37.37, 52.76],
-    "LLM-Blender": [36.56, 82.13, 75.58, 62.55, 34.45, 41.56, 54.97],
+    "LLM-Blender (ranker: PairRM, as upstream)": [36.56, 82.13, 75.58, 62.55, 34.45, 41.56, 54.97],
     "DeePEn": [37.42, 71.51, 73.85, 67.63, 37.56, 42.33, 55.05],
     "SweetSpan": [37.59, 86.58, 80.75, 63.38, 33.74, 42.85, 59.16],
     "UniTE": [38.95, 82.17, 81.38, 64.59, 34.98, 41.67, 57.29],
@@ -72,14 +74,27 @@ class Cell:
         return self.run.metrics["n"], self.run.metrics["variant"]
 
 
+# Knobs a row names even at their default: without them the row does not say which variant ran (LLM-Blender's
+# ranker, nll or PairRM; DeePEn's main member, an index or the SentencePiece one).
+NAMED_KNOBS = {"llm_blender": "ranker", "deepen": "main"}
+KINDS = ("single", "baseline", "adafuse", "protocol")  # row order; protocol: protocol=paper runs, last
+
+
 def row_of(run: Run, shared: list[str]) -> tuple[str, str]:
     """(kind, name) of the run's row: single rows are named by their model, others by their method; the
-    run's overrides follow, less those every run shares."""
+    run's overrides follow, less those every run shares, and the knobs of NAMED_KNOBS. protocol=paper runs
+    are a kind of their own: they sit beside the paper's rows and are no one's "best baseline"."""
     extra = [o for o in run.overrides if o not in shared]
     if run.method == "single":
         extra = [o for o in extra if not o.startswith("method.member=")]
         return "single", run.metrics["models"][0] + (f" [{','.join(extra)}]" if extra else "")
-    kind = "adafuse" if run.method == "adafuse" else "baseline"
+    knob = NAMED_KNOBS.get(run.method)
+    if knob and not any(o.startswith(f"method.{knob}=") for o in extra):
+        extra.append(f"method.{knob}={run.metrics['method'][knob]}")
+    if run.protocol == "paper":
+        kind = "protocol"
+    else:
+        kind = "adafuse" if run.method in ("adafuse", "adafuse_code") else "baseline"
     return kind, run.method + (f" [{','.join(extra)}]" if extra else "")
 
 
@@ -106,8 +121,9 @@ def collect(runs: list[Run], kind: str, resamples: int) -> dict[tuple[str, str],
 def ordered(rows: dict) -> list[tuple[str, str]]:
     def key(row):
         kind, name = row
-        rank = BASELINES.index(name) if name in BASELINES else len(BASELINES)
-        return ({"single": 0, "baseline": 1, "adafuse": 2}[kind], name != "adafuse", rank, name)
+        method = name.split(" [")[0]
+        rank = BASELINES.index(method) if method in BASELINES else len(BASELINES)
+        return (KINDS.index(kind), method != "adafuse", rank, name)
 
     return sorted(rows, key=key)
 
@@ -184,16 +200,24 @@ def frame(rows: dict, tasks: list[str], gain_rows: dict, with_paper: bool) -> pd
     shared = uniform_slices(rows, tasks)
     header = {t: TASKS[t] + (f" (n={shared[t][0]}, {shared[t][1]})" if shared[t] else "") for t in tasks}
     lines = {}
-    for row in ordered(rows):
+
+    def add(row: tuple[str, str]) -> None:
         cells = rows[row]
         lines[row[1]] = {header[t]: cell_text(cells[t], shared[t]) if t in cells else "" for t in tasks}
         lines[row[1]][AVERAGE] = average_text(cells, tasks)
+
+    for row in ordered(rows):
+        if row[0] != "protocol":
+            add(row)
     for label, row in gain_rows.items():
         if not row:  # no baseline (or no single model) in the results
             continue
         for relative in (True, False):
             name = f"AdaFuse gain {label} ({'%' if relative else 'points'})"
             lines[name] = {header.get(t, t): gain_text(row.get(t), relative) for t in [*tasks, AVERAGE]}
+    for row in ordered(rows):  # protocol=paper runs: after the gains, right above the paper's own rows
+        if row[0] == "protocol":
+            add(row)
     if with_paper:
         for name, values in PAPER.items():
             by_task = dict(zip([*TASKS, AVERAGE], values))
@@ -224,13 +248,18 @@ def long_form(rows: dict, gain_rows: dict) -> pd.DataFrame:
     return pd.DataFrame(lines)
 
 
-def caption(kind: str, resamples: int, shared: list[str]) -> str:
+def caption(kind: str, resamples: int, shared: list[str], protocol: bool = False) -> str:
     scorer = "the paper_* replicas of the authors' lenient scorers" if kind == "paper" else "standard metrics"
     text = (
         f"Table 1 ({scorer}). Cells: metric ± bootstrap standard error over examples ({resamples} resamples). "
         "Gain rows: AdaFuse (default settings) minus the column's best baseline or single model on the examples "
         "both scored, [paired bootstrap 95% interval]; the paper's gain row is the relative one."
     )
+    if protocol:
+        text += (
+            " Rows of protocol=paper runs (the paper's files, prompts, decoder and scorers) report the paper_* "
+            "replicas in every table and enter no gain."
+        )
     return text + (f" Every run: {', '.join(shared)}." if shared else "")
 
 
@@ -256,7 +285,8 @@ def main() -> int:
     out = args.out or args.results_dir
     out.mkdir(parents=True, exist_ok=True)
     stem = "table1" if args.metric == "standard" else "table1_paper"
-    text = caption(args.metric, args.resamples, shared_settings(runs))
+    protocol = any(kind == "protocol" for kind, _ in rows)
+    text = caption(args.metric, args.resamples, shared_settings(runs), protocol)
     (out / f"{stem}.md").write_text(f"{text}\n\n{table.to_markdown()}\n")
     latex = table.to_latex(caption=text, label="tab:table1", column_format="l" + "r" * len(table.columns), escape=True)
     (out / f"{stem}.tex").write_text(latex.replace("±", r"$\pm$").replace("→", r"$\to$"))

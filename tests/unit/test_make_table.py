@@ -151,3 +151,20 @@ def test_results_of_several_model_pairs_need_a_choice(tmp_path):
     assert done.returncode != 0 and "several model pairs (small, tiny): choose one with --pair" in done.stderr
     assert {row for row, _ in make_table(tmp_path, "--pair", "small")} == {"adafuse"}
     assert {row for row, _ in make_table(tmp_path, "--pair", "tiny")} == {"smollm2_135m"}
+
+
+def test_protocol_runs_sit_beside_the_papers_rows_and_every_row_names_its_ranker(tmp_path):
+    write_run(tmp_path, "nq", "adafuse", pattern(20, 4))  # 5 right
+    write_run(tmp_path, "nq", "llm_blender", pattern(20, 5))  # 4 right
+    write_run(tmp_path, "nq", "deepen", pattern(20, 10), "method.main=sentencepiece")
+    write_run(tmp_path, "nq", "adafuse_code", pattern(20, 2), "protocol=paper")  # 10 right: no one's best baseline
+    table = make_table(tmp_path, "--paper")
+    assert float(table[("AdaFuse gain vs best baseline", "nq")]["value"]) == pytest.approx(5.0)  # vs llm_blender
+    protocol = table[("adafuse_code [protocol=paper]", "nq")]
+    assert (protocol["kind"], protocol["metric"], protocol["variant"]) == ("protocol", "paper_em", "paper")
+    assert table[("adafuse", "nq")]["metric"] == "em"
+    assert ("llm_blender [method.ranker=nll]", "nq") in table and ("deepen [method.main=sentencepiece]", "nq") in table
+    markdown = (tmp_path / "table1.md").read_text()
+    rows = [line.split("|")[1].strip() for line in markdown.splitlines()[4:] if line.startswith("|")]
+    assert rows.index("adafuse_code [protocol=paper]") + 1 == rows.index("paper: Mistral-7B-Instruct-v0.3")
+    assert "protocol=paper runs" in markdown
