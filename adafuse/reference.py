@@ -8,6 +8,7 @@ scripts/bench_decode.py times the two side by side.
 """
 
 import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -24,6 +25,44 @@ def _utf8_prefix(data: bytes) -> str:
         return "complete"
     except UnicodeDecodeError as err:
         return "open" if err.reason == "unexpected end of data" else "invalid"
+
+
+class LogprobMemo:
+    """Remembers `RefModel.logprobs` across runs, least recently used first out past `max_bytes`.
+
+    Log-probabilities are a pure function of the weights, the control tokens (from the tokenizer) and the
+    ids, so an entry is keyed on the model and tokenizer objects (by identity, each held by the entry, so
+    that an id is not reused while it is remembered), the ids and the number of positions. Off unless a
+    caller sets `MEMO` (the test session does: its tests run the reference over the same prompts again and
+    again); scripts/bench_decode.py times the reference without it.
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.bytes, self.hits, self.misses = max_bytes, 0, 0, 0
+        self._entries: OrderedDict = OrderedDict()  # key -> (model, tokenizer, tensor)
+
+    def get(self, model, tokenizer, ids: tuple[int, ...], last: int, compute) -> torch.Tensor:
+        key = (id(model), id(tokenizer), ids, last)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] is model and entry[1] is tokenizer:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry[2]
+        self.misses += 1
+        value = compute()
+        size = value.numel() * value.element_size()
+        if size <= self.max_bytes:
+            if entry is not None:  # a stale entry under a reused id
+                self.bytes -= entry[2].numel() * entry[2].element_size()
+            self._entries[key] = (model, tokenizer, value)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, (_, _, old) = self._entries.popitem(last=False)
+                self.bytes -= old.numel() * old.element_size()
+        return value
+
+
+MEMO: LogprobMemo | None = None
 
 
 class RefModel:
@@ -62,6 +101,11 @@ class RefModel:
         those positions (a 262k vocabulary over a long prompt would take gigabytes); every layer
         still reads the whole sequence.
         """
+        if MEMO is not None:
+            return MEMO.get(self.model, self.tokenizer, tuple(ids), last, lambda: self._logprobs(ids, last))
+        return self._logprobs(ids, last)
+
+    def _logprobs(self, ids: list[int], last: int) -> torch.Tensor:
         ids_t = torch.tensor([ids], device=self.model.device)
         logits = self.model(input_ids=ids_t, use_cache=False, logits_to_keep=last).logits[0].float()
         logits[:, self.control] = float("-inf")

@@ -12,6 +12,12 @@ SHARED_DATA = Path(os.environ.get("ADAFUSE_SHARED_DATA", ROOT.parent / "shared" 
 
 torch.set_num_threads(int(os.environ.get("ADAFUSE_TEST_THREADS", "2")))
 
+# The slow reference's cache-free log-probabilities, remembered for the whole session: many tests run it over
+# the same prompts (a pure function of model and ids; see adafuse/reference.py). Bounded: 512 MiB by default.
+from adafuse import reference  # noqa: E402
+
+reference.MEMO = reference.LogprobMemo(int(os.environ.get("ADAFUSE_TEST_MEMO_MIB", "512")) * 2**20)
+
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:

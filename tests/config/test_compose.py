@@ -1,11 +1,12 @@
 """Every config group combination composes; bad inputs fail before any model loads, naming the problem."""
 
-import itertools
 import os
 import time
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
@@ -28,13 +29,51 @@ def test_the_groups_hold_what_the_paper_needs():
     assert {"nq", "squad", "triviaqa", "gsm8k", "flores_en_de", "flores_de_en", "custom"} <= set(TASKS)
 
 
-@pytest.mark.parametrize("pair, method, task", list(itertools.product(PAIRS, METHODS, TASKS)))
-def test_every_combination_composes_into_typed_settings(pair, method, task):
+def declared(group: str, name: str) -> dict:
+    """The values a group option's YAML sets itself (its defaults list left out)."""
+    values = yaml.safe_load((ROOT / "conf" / group / f"{name}.yaml").read_text()) or {}
+    values.pop("defaults", None)
+    return values
+
+
+# One composition per option of each group, the other groups at their defaults: the groups do not
+# interact except through pair_defaults, which the pair test checks.
+@pytest.mark.parametrize("pair", PAIRS)
+def test_each_model_pair_composes_to_the_models_it_names(pair):
+    settings = settings_of(compose_run(f"model_pair={pair}"))
+    defaults = yaml.safe_load((ROOT / "conf" / "model_pair" / f"{pair}.yaml").read_text())["defaults"]
+    named = {
+        key.split("@members.")[1]: model
+        for entry in defaults
+        if isinstance(entry, dict)
+        for key, model in entry.items()
+        if key.startswith("/model@members.")
+    }
+    assert settings.model_pair.name == pair and len(named) >= 2
+    assert list(settings.model_pair.members) == list(named)
+    for key, model in named.items():
+        member = settings.model_pair.members[key]
+        assert {field: getattr(member, field) for field in declared("model", model)} == declared("model", model)
+    # pair_defaults/<pair>.yaml (tiny, and small through it) slices the task to 50 examples
+    assert settings.task.limit == (50 if (ROOT / "conf" / "pair_defaults" / f"{pair}.yaml").is_file() else None)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_each_method_composes_to_its_registered_knobs(method):
+    settings = settings_of(compose_run(f"method={method}"))
+    knobs = REGISTERED[method].config
+    assert isinstance(settings.method, knobs) and settings.method.name == method
+    expected = knobs(**{k: v for k, v in declared("method", method).items() if k != "name"})
+    assert {f.name: getattr(settings.method, f.name) for f in fields(knobs)} == asdict(expected)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_each_task_composes_to_its_declared_settings(task):
     extra = ["task.path=prompts.jsonl"] if task == "custom" else []
-    settings = settings_of(compose_run(f"model_pair={pair}", f"method={method}", f"task={task}", *extra))
-    assert settings.task.name == task and settings.model_pair.name == pair
-    assert isinstance(settings.method, REGISTERED[method].config)
-    assert len(settings.model_pair.members) >= 2
+    settings = settings_of(compose_run(f"task={task}", *extra))
+    values = declared("task", task) | ({"path": "prompts.jsonl"} if task == "custom" else {})
+    assert {field: getattr(settings.task, field) for field in values} == values
+    assert settings.task.limit == 50  # the default pair's slice
 
 
 def test_the_papers_main_command_composes_to_the_full_benchmark_on_the_hub():

@@ -95,8 +95,20 @@ def test_fast_decoder_equals_reference_on_varied_prompts(tiny, shared_data):
     ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
 )
 def test_options_agree_with_reference(tiny, options):
+    changed = False
     for prompt, stop, _ in [PROMPTS[0], PROMPTS[15]]:
-        assert_agree(tiny.members, prompt, stop, 4, AdaFuseConfig(**options))
+        with_option = assert_agree(tiny.members, prompt, stop, 4, AdaFuseConfig(**options))
+        without = decode(tiny.members, prompt, AdaFuseConfig(), stop=stop, max_new_tokens=4, trace=True)
+        changed |= rounds_of(with_option) != rounds_of(without)
+    assert changed, "the option changed no round on these prompts: the agreement above would hold without it"
+
+
+def rounds_of(gen) -> list:
+    """What a round decided: each candidate's text, eos, proposers, words and fused NLL; the winner."""
+    return [
+        ([(c.text, c.eos, c.proposers, c.words, round(c.fused, 4)) for c in r.candidates], r.winner)
+        for r in gen.trace.rounds
+    ]
 
 
 @pytest.mark.parametrize("order", [[0], [1, 0], [0, 1, 0], [1, 0, 1, 0]], ids=["K=1", "K=2 reversed", "K=3", "K=4"])

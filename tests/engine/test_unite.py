@@ -49,8 +49,8 @@ def reference(members, prompt: str, k: int, weights, stop=(), max_new_tokens: in
             for e in union:
                 if e is EOS:
                     raw.append(max(p[i].item() for i in r.eos_ids))
-                elif e in r.texts():
-                    raw.append(sum(p[i].item() for i, t in enumerate(r.texts()) if t == e))
+                elif e in r.ids_by_text():  # every id whose text is e
+                    raw.append(sum(p[i].item() for i in r.ids_by_text()[e]))
                 else:
                     ids = r.m.encode_text(e, specials=False)
                     first = next((i for i in ids if r.texts()[i] != " "), ids[0])

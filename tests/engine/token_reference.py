@@ -13,6 +13,7 @@ from adafuse.reference import RefModel, align, last_word_start
 
 PARTIAL = "\ufffd"
 _TEXTS: dict = {}  # (tokenizer id, size) -> each id's text: decoding 262k ids takes a second
+_IDS_BY_TEXT: dict = {}  # (tokenizer id, size) -> text -> ids
 
 
 class RefMember:
@@ -44,6 +45,17 @@ class RefMember:
             texts = [self.m.decode([letter, i])[1:] for i in range(self.vocab_size)]
             _TEXTS[key] = [None if i in out or not t or PARTIAL in t else t for i, t in enumerate(texts)]  # fmt: skip
         return _TEXTS[key]
+
+    def ids_by_text(self) -> dict[str, list[int]]:
+        """Each text of `texts()` -> the ids whose text it is, in id order: one pass, remembered per tokenizer."""
+        key = (id(self.m.tokenizer), self.vocab_size)
+        if key not in _IDS_BY_TEXT:
+            table: dict[str, list[int]] = {}
+            for i, t in enumerate(self.texts()):
+                if t is not None:
+                    table.setdefault(t, []).append(i)
+            _IDS_BY_TEXT[key] = table
+        return _IDS_BY_TEXT[key]
 
     def add_own(self, ids: list[int], generated: str) -> None:
         self.ids = self.ids + ids

@@ -2,23 +2,19 @@
 example has a prediction (written by the last shard, or by scripts/merge.py), a shard has one writer."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from adafuse.errors import ShardBusyError
 from eval.results import RunDir
-from tests.conftest import ROOT
 from tests.integration.test_runs import decoded, read_predictions, run_task
+from tests.scripts_in_process import run_script
 
 pytestmark = pytest.mark.slow
 
 
-def merge(run_dir) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "merge.py"), str(run_dir)], capture_output=True, text=True
-    )
+def merge(run_dir):
+    return run_script("merge", str(run_dir))
 
 
 def test_shards_fill_one_run_and_the_last_one_writes_the_metrics(tmp_path):

@@ -1,19 +1,14 @@
 """scripts/make_figures.py on a small results directory in the runner's format: each figure's CSV
 holds the runs it should, and a figure without runs is skipped, not drawn empty."""
 
-import subprocess
-import sys
-
 import pandas as pd
 
-from tests.conftest import ROOT
+from tests.scripts_in_process import run_script
 from tests.unit.test_make_table import pattern, write_run
 
 
-def make_figures(results, *args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "make_figures.py"), str(results), *args], capture_output=True, text=True
-    )
+def make_figures(results, *args: str):
+    done = run_script("make_figures", str(results), *args)
     assert done.returncode == 0, done.stderr
     return done
 

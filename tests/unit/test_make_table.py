@@ -4,8 +4,6 @@
 import csv
 import json
 import math
-import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,7 +15,8 @@ from conf.compose import compose_run
 from eval.results import RunDir
 from eval.runner import decoding_models, settings_of, summary
 from eval.tasks import Task
-from tests.conftest import ROOT, SHARED_DATA
+from tests.conftest import SHARED_DATA
+from tests.scripts_in_process import run_script
 
 
 def write_run(root: Path, task: str, method: str, correct: list[bool], *overrides: str) -> Path:
@@ -43,10 +42,8 @@ def write_run(root: Path, task: str, method: str, correct: list[bool], *override
 
 
 def make_table(results: Path, *args: str) -> dict[tuple[str, str], dict]:
-    """Run the script; its CSV as {(row, task): line}."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "make_table.py"), str(results), *args], capture_output=True, text=True
-    )
+    """Run the script (in this process); its CSV as {(row, task): line}."""
+    done = run_script("make_table", str(results), *args)
     assert done.returncode == 0, done.stderr
     stem = "table1_paper" if "paper" in args else "table1"
     with open(results / f"{stem}.csv") as f:
@@ -127,9 +124,7 @@ def test_paper_metrics_and_the_papers_own_rows(tmp_path):
 def test_two_runs_for_one_cell_are_refused(tmp_path):
     write_run(tmp_path / "a", "nq", "adafuse", pattern(10, 2))
     write_run(tmp_path / "b", "nq", "adafuse", pattern(20, 2))
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "make_table.py"), str(tmp_path)], capture_output=True, text=True
-    )
+    done = run_script("make_table", str(tmp_path))
     assert done.returncode != 0 and "two runs for row 'adafuse', task nq" in done.stderr
 
 
@@ -145,9 +140,7 @@ def test_settings_that_every_run_shares_are_stated_once(tmp_path):
 def test_results_of_several_model_pairs_need_a_choice(tmp_path):
     write_run(tmp_path, "nq", "single", pattern(4, 2))
     write_run(tmp_path, "nq", "adafuse", pattern(4, 1), "model_pair=small")
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "make_table.py"), str(tmp_path)], capture_output=True, text=True
-    )
+    done = run_script("make_table", str(tmp_path))
     assert done.returncode != 0 and "several model pairs (small, tiny): choose one with --pair" in done.stderr
     assert {row for row, _ in make_table(tmp_path, "--pair", "small")} == {"adafuse"}
     assert {row for row, _ in make_table(tmp_path, "--pair", "tiny")} == {"smollm2_135m"}

@@ -9,8 +9,9 @@ import string
 
 import pytest
 import torch
-from safetensors.torch import save_file
-from transformers import DebertaV2Config, DebertaV2Tokenizer
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from transformers import DebertaV2Config, DebertaV2Model, DebertaV2Tokenizer
 
 from adafuse.errors import ConfigError, ModelFileError
 from baselines.pairrm import (
@@ -111,34 +112,54 @@ def test_both_layouts_load_and_read_the_prefix_tokens(checkpoints, layout):
     assert tok.decode(ids[first + 1 : second - 2]).strip() == "Paris"
 
 
-def test_matrix_holds_every_ordered_pair_read_one_by_one(checkpoints):
-    ranker = load_pairrm(str(checkpoints / "hf"))
-    lin1, lin2 = ranker.model.head_layer[1], ranker.model.head_layer[4]
+def expected_matrix(directory, source: str, answers: list[str]) -> torch.Tensor:
+    """PairRM's comparison matrix written out from the checkpoint's files, without baselines/pairrm.py: the
+    saved tokenizer encodes [CLS]<|source|>prompt[SEP][CLS]<|candidate1|>a[SEP][CLS]<|candidate2|>b[SEP];
+    a plain transformers DebertaV2Model holds the encoder's weights; the head is
+    MLP([h_source; h_first]) - MLP([h_source; h_second]) with MLP = Linear, tanh, Linear from the saved tensors."""
+    tok = DebertaV2Tokenizer.from_pretrained(directory)
+    state = load_file(directory / "model.safetensors")
+    encoder = DebertaV2Model(DebertaV2Config.from_dict(json.loads((directory / "config.json").read_text())))
+    prefix = "pretrained_model."
+    encoder.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
+    encoder.eval()
 
     def mlp(x):
-        return lin2(torch.tanh(lin1(x)))
+        hidden = torch.tanh(F.linear(x, state["head_layer.1.weight"], state["head_layer.1.bias"]))
+        return F.linear(hidden, state["head_layer.4.weight"], state["head_layer.4.bias"])
 
-    source, answers = "What is the capital of France?", [" Paris", " Lyon", " Berlin is the answer"]
-    matrix = ranker.compare(source, answers)
-    assert matrix.shape == (3, 3) and matrix.diagonal().abs().max() == 0
-    for i in range(3):
-        for j in range(3):
+    n = len(answers)
+    expected = torch.zeros(n, n)
+    for i in range(n):
+        for j in range(n):
             if i == j:
                 continue
-            ids = ranker.pair_ids(source, answers[i], answers[j])
-            marks = [ids.index(m) for m in ranker.marks]
+            parts = [tok("<|source|>" + source)["input_ids"]]
+            parts += [tok("<|candidate1|>" + answers[i])["input_ids"], tok("<|candidate2|>" + answers[j])["input_ids"]]
+            marks = [sum(len(p) for p in parts[:k]) + 1 for k in range(3)]  # each part opens [CLS] prefix
             with torch.inference_mode():
-                alone = ranker.model(
-                    torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), torch.tensor([marks])
-                )
-                # the head, written out: MLP([h_src; h_c1]) - MLP([h_src; h_c2])
-                h = ranker.model.pretrained_model(input_ids=torch.tensor([ids])).last_hidden_state[0]
-                by_hand = mlp(torch.cat([h[marks[0]], h[marks[1]]])) - mlp(torch.cat([h[marks[0]], h[marks[2]]]))
-            assert matrix[i, j].item() == pytest.approx(alone.item(), abs=1e-5)  # padding in the batch changes nothing
-            assert matrix[i, j].item() == pytest.approx(by_hand.item(), abs=1e-5)
+                h = encoder(input_ids=torch.tensor([sum(parts, [])])).last_hidden_state[0]
+                expected[i, j] = (
+                    mlp(torch.cat([h[marks[0]], h[marks[1]]])) - mlp(torch.cat([h[marks[0]], h[marks[2]]]))
+                )[0]
+    return expected
+
+
+def test_matrix_holds_every_ordered_pair_as_the_checkpoint_computes_it(checkpoints):
+    ranker = load_pairrm(str(checkpoints / "hf"))
+    source, answers = "What is the capital of France?", [" Paris", " Lyon", " Berlin is the answer"]
+    matrix = ranker.compare(source, answers)  # the pairs in one padded batch
+    expected = expected_matrix(checkpoints / "hf", source, answers)  # each pair alone, unpadded
+    assert matrix.shape == (3, 3) and matrix.diagonal().abs().max() == 0
+    assert torch.allclose(matrix, expected, atol=1e-5), (matrix, expected)
+    assert expected.abs().max() > 1e-3  # a random head does not answer 0 everywhere
     assert matrix[0, 1] != -matrix[1, 0]  # a random model has a position bias, which both orders cancel
     scores, again = ranker.scores(source, answers)
-    assert torch.equal(again, matrix) and scores == pytest.approx(scores_from_matrix(matrix))
+    assert torch.equal(again, matrix)
+    # score_i = mean_{j != i} (C[i, j] - C[j, i]), from the expected matrix
+    assert scores == pytest.approx(
+        [float(sum(expected[i, j] - expected[j, i] for j in range(3) if j != i)) / 2 for i in range(3)], abs=1e-5
+    )
 
 
 def test_identical_answers_score_equally(checkpoints):
