@@ -71,7 +71,7 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
 
 
-def compare_with_singles(ens: Ensemble, data_dir: Path, scale: float) -> dict:
+def compare_with_singles(ens: Ensemble, data_dir: Path, scale: float, tasks: list[str]) -> dict:
     runs = {
         "adafuse": dict(method="adafuse"),
         "adafuse_b1": dict(method="adafuse", branches=1),
@@ -83,7 +83,7 @@ def compare_with_singles(ens: Ensemble, data_dir: Path, scale: float) -> dict:
         name: {"seconds": 0.0, "rounds": 0, "forward": [0, 0], "fed": [0, 0], "generated": [0, 0]} for name in runs
     }
     per_task = {}
-    for task, count, budget in SUITE:
+    for task, count, budget in [row for row in SUITE if row[0] in tasks]:
         prompts, stop = task_prompts(task, max(1, int(count * scale)), data_dir)
         for kwargs in runs.values():  # warm-up: read the task's shared few-shot prefix once per method
             ens.decode(prompts[0], stop=stop, max_new_tokens=1, **kwargs)
@@ -362,6 +362,9 @@ def main() -> None:
         default=["adafuse", "single_0", "single_1"],
         help="section 3's methods (all three: the ratio to greedy)",
     )
+    parser.add_argument(
+        "--tasks", nargs="+", choices=[t for t, _, _ in SUITE], help="section 1's tasks (default: all five)"
+    )
     parser.add_argument("--batching-task", choices=[t for t, _, _ in SUITE], help="48 prompts of one task, not the mix")
     parser.add_argument(
         "--out", type=Path, help="default: results/bench/decode.json (authors.json with --only authors)"
@@ -422,7 +425,9 @@ def main() -> None:
         )
     if args.only in (None, "singles"):
         print("1. every method vs the two single models (same prompts, interleaved)", flush=True)
-        record["singles"] = singles = compare_with_singles(ens, args.data_dir, scale)
+        record["singles"] = singles = compare_with_singles(
+            ens, args.data_dir, scale, args.tasks or [t for t, _, _ in SUITE]
+        )
         report_singles(singles)
     record.update(peak_rss_gb=peak_rss_gb(), quick=args.quick)
     print(f"peak RSS: {peak_rss_gb():.2f} GB")

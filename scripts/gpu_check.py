@@ -116,7 +116,10 @@ def shaped_pair_batching(prompts: int, budget: int, data_dir: Path) -> dict:
 def bench_sections(out: Path, dry_run: bool, seconds: float) -> dict:
     sections = {}
     scale = "0.05" if dry_run else "0.25"
-    for section, extra in [("singles", []), ("batching", ["--batch-sizes", "1", "8"])]:
+    # a dry run checks the script, not the figures: one prompt of one task per section
+    tasks = ["--tasks", "nq"] if dry_run else []
+    batching_task = ["--batching-task", "nq"] if dry_run else []
+    for section, extra in [("singles", tasks), ("batching", ["--batch-sizes", "1", "8", *batching_task])]:
         target = out.parent / f"gpu_check_{section}.json"
         command = [sys.executable, "scripts/bench_decode.py", "--only", section, "--scale", scale, "--out", str(target)]
         started = time.perf_counter()
