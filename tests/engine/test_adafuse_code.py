@@ -10,7 +10,7 @@ same selection and appended text, the same stop, text and `pred`.
 A disagreement is a bug unless it comes from float rounding between our cached forward passes and
 their uncached ones; such a case must be a near-tie, and `KNOWN_NEAR_TIES` lists each with its gap.
 
-CI runs a representative subset: the examples that between them cover every recording's setting and
+CI runs a representative subset: the examples that between them cover each script, each path and
 every call site of their code, stop rule and pool event that the recordings exercised, cheapest first
 (`representative`).
 The rest are marked `authors_full` and run with ADAFUSE_AUTHORS_ALL=1 (pytest -m authors_full).
@@ -74,10 +74,11 @@ def features(example: dict) -> set:
 
 
 def representative(recordings: dict[str, dict]) -> set[tuple[str, int]]:
-    """A greedy cover of every feature of every recording (each file's setting counts as one), cheapest
-    first: keep adding the example with the most not-yet-covered features per round it decodes."""
+    """A greedy cover of every feature of every recording (each script and each path count as one),
+    cheapest first: keep adding the example with the most not-yet-covered features per round it decodes."""
     feats = {
-        (name, ex["index"]): features(ex) | {("setting", name)}
+        (name, ex["index"]): features(ex)
+        | {("script", rec["meta"]["script"]), ("path B", knobs(rec["meta"]).branches > 1)}
         for name, rec in recordings.items()
         for ex in rec["examples"]
     }
