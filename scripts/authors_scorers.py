@@ -505,12 +505,9 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     args.scratch.mkdir(parents=True, exist_ok=True)
     helpers = main_helpers(args.authors)
-    tasks: dict[str, Task] = {}
     for run_dir in [r.resolve() for r in (args.runs or default_runs())]:
-        name = run_dir.relative_to(ROOT).parts[2]
-        if name not in tasks:
-            tasks[name] = load_task(run_dir)
-        fixture = score_run(run_dir, tasks[name], args, helpers)
+        # each run's own task: runs of one benchmark may differ in prompt (protocol=paper reads their prompt file)
+        fixture = score_run(run_dir, load_task(run_dir), args, helpers)
         dump(args.out / fixture_name(run_dir), fixture)
         print(f"{fixture['run']}: {fixture.get('printed') or fixture.get('with_imports')}")
     literals = score_literals(args)
