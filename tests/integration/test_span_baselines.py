@@ -27,6 +27,7 @@ def test_sweetspan_run(tmp_path):
         "outlier_ratio": 10.0,
         "normalize": False,
         "max_word_tokens": 16,
+        "score": "nll",
     }
     assert metrics["n"] == 2 and set(metrics["metrics"]) == {"em", "f1", "paper_em"}
     for r in records:
