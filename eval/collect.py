@@ -14,6 +14,10 @@ from eval.results import read_predictions
 
 log = logging.getLogger(__name__)
 
+# Knobs that tables and figures name even at their default: without them a row or a bar does not say which
+# variant ran (LLM-Blender's ranker, nll or PairRM; DeePEn's main member, an index or the SentencePiece one).
+NAMED_KNOBS = {"llm_blender": "ranker", "deepen": "main"}
+
 
 @dataclass
 class Run:

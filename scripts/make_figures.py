@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from adafuse.config import AdaFuseConfig  # noqa: E402
 from eval.bootstrap import RESAMPLES, standard_error, value_on  # noqa: E402
-from eval.collect import Run, runs_of_pair, shared_settings  # noqa: E402
+from eval.collect import NAMED_KNOBS, Run, runs_of_pair, shared_settings  # noqa: E402
 
 log = logging.getLogger("make_figures")
 
@@ -135,11 +135,19 @@ def words_per_round(runs: list[Run], shared: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def method_label(run: Run) -> str:
+    """A single model by its name, a method by its name and the knob that says which variant ran."""
+    if run.method == "single":
+        return run.metrics["models"][0]
+    knob = NAMED_KNOBS.get(run.method)
+    return f"{run.method} ({knob} {run.metrics['method'][knob]})" if knob else run.method
+
+
 def runtime(runs: list[Run], shared: list[str], tasks: list[str] | None) -> pd.DataFrame:
     rows = [
         {
             "task": r.task,
-            "method": r.metrics["models"][0] if r.method == "single" else r.method,
+            "method": method_label(r),
             "seconds_per_example": r.metrics["throughput"]["seconds_per_example"],
             "n": r.metrics["n"],
         }

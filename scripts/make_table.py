@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from eval.bootstrap import RESAMPLES, Gain, paired_gain, standard_error  # noqa: E402
-from eval.collect import Run, runs_of_pair, shared_settings  # noqa: E402
+from eval.collect import NAMED_KNOBS, Run, runs_of_pair, shared_settings  # noqa: E402
 
 log = logging.getLogger("make_table")
 
@@ -74,9 +74,6 @@ class Cell:
         return self.run.metrics["n"], self.run.metrics["variant"]
 
 
-# Knobs a row names even at their default: without them the row does not say which variant ran (LLM-Blender's
-# ranker, nll or PairRM; DeePEn's main member, an index or the SentencePiece one).
-NAMED_KNOBS = {"llm_blender": "ranker", "deepen": "main"}
 KINDS = ("single", "baseline", "adafuse", "protocol")  # row order; protocol: protocol=paper runs, last
 
 

@@ -53,8 +53,12 @@ def test_a_sweeps_points_are_scored_on_the_examples_all_of_them_decoded(tmp_path
     assert list(fixed["value"]) == [100.0, 20.0] and list(fixed["n"]) == [10, 10]
 
 
-def test_the_runtime_figure_can_be_limited_to_some_tasks(tmp_path):
+def test_the_runtime_figure_can_be_limited_to_some_tasks_and_names_each_variant(tmp_path):
     write_run(tmp_path, "nq", "adafuse", pattern(4, 2))
     write_run(tmp_path, "gsm8k", "adafuse", pattern(4, 2))
+    write_run(tmp_path, "nq", "llm_blender", pattern(4, 2))
+    write_run(tmp_path, "nq", "deepen", pattern(4, 2))
     make_figures(tmp_path, "--runtime-tasks", "nq")
-    assert list(pd.read_csv(tmp_path / "figures" / "runtime.csv")["task"]) == ["nq"]
+    runtime = pd.read_csv(tmp_path / "figures" / "runtime.csv")
+    assert list(runtime["task"]) == ["nq"] * 3
+    assert sorted(runtime["method"]) == ["adafuse", "deepen (main 0)", "llm_blender (ranker nll)"]
