@@ -121,6 +121,7 @@ def draw_bars(frame: pd.DataFrame, group: str, value: str, ax, ylabel: str, err:
     if errors is not None:
         errors.index = table.index
     table.plot.bar(ax=ax, yerr=errors, capsize=2, rot=0)
+    ax.legend(title=group, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")  # beside, never on, a bar
     ax.set_xlabel("")
     ax.set_ylabel(ylabel)
 
@@ -211,7 +212,7 @@ def main() -> int:
             log.info("%s: skipped, the results hold no runs for it", name)
             continue
         frame.to_csv(out / f"{name}.csv", index=False)
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig, ax = plt.subplots(figsize=(8.5, 4.5))
         draw(frame, ax)
         settings = ", ".join(shared_settings(runs))
         ax.set_title(f"{title}, {pair} pair" + (f"\n(every run: {settings})" if settings else ""))
