@@ -26,7 +26,6 @@ def prompts_of_many_lengths(shared_data) -> list[tuple[str, list[str], int]]:
         ("Question: What is the capital of France?\nAnswer:", ["\n"], 8),  # stops after a round or two
         (nq + "\n\nQuestion: when was the last time anyone was on the moon\nAnswer:", ["\n"], 8),
         ("Die Hauptstadt von Deutschland ist", [], 10),  # runs to the budget
-        ("List three colors:\n", ["\n\n"], 12),
         ("日本の首都は", [], 6),
         (nq + "\n\nQuestion: who wrote the declaration of independence\nAnswer:", ["\n"], 8),
     ]
