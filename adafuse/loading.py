@@ -3,7 +3,8 @@
 GGUF weights are dequantised by transformers, which costs 40-85 s per small model on two CPU
 cores. The result (safetensors + tokenizer) is cached under `<cache_dir>/gguf/<sha256>/`, keyed by
 the GGUF's hash, so every later load takes seconds. The cache entry is built in a private temporary
-directory and renamed into place, so concurrent jobs (a SLURM array) never see half a model.
+directory and renamed into place, so concurrent jobs (a SLURM array) never see half a model, and
+under a lock, so that they convert it once between them rather than once each.
 """
 
 import hashlib
@@ -14,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 
 from adafuse.bundled import BUNDLES
 from adafuse.config import ModelConfig
@@ -76,19 +78,17 @@ def converted_gguf_dir(cfg: ModelConfig, cache_dir: Path) -> Path:
     target = cache_dir / "gguf" / digest
     if (target / "config.json").is_file():
         return target
-    log.info("converting %s from GGUF once (about a minute); cached at %s", cfg.name, target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-", dir=target.parent))
-    try:
-        gguf = _joined(parts, work)
-        _dequantise(gguf, work / "model")
+    with FileLock(target.parent / f"{digest}.lock"):
+        if (target / "config.json").is_file():  # converted by whoever held the lock before us
+            return target
+        log.info("converting %s from GGUF once (about a minute); cached at %s", cfg.name, target)
+        work = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-", dir=target.parent))
         try:
+            _dequantise(_joined(parts, work), work / "model")
             (work / "model").rename(target)
-        except OSError:  # another job finished first; its copy is as good as ours
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return target
 
 

@@ -8,6 +8,7 @@ scripts/bench_decode.py times the two side by side.
 """
 
 import re
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -64,6 +65,17 @@ class LogprobMemo:
 
 MEMO: LogprobMemo | None = None
 
+# Each tokenizer's id -> bytes table, built once: reading a 262k vocabulary takes seconds, and every
+# generate() builds fresh RefModels.
+_VOCAB_BYTES: "weakref.WeakKeyDictionary[object, list[bytes | None]]" = weakref.WeakKeyDictionary()
+
+
+def _vocab_bytes(tokenizer, size: int) -> list[bytes | None]:
+    table = _VOCAB_BYTES.get(tokenizer)
+    if table is None or len(table) != size:
+        table = _VOCAB_BYTES[tokenizer] = vocabulary_bytes(tokenizer, size)[1]
+    return table
+
 
 class RefModel:
     def __init__(self, member):
@@ -82,7 +94,7 @@ class RefModel:
         character boundary)? Its bytes must leave the word a valid UTF-8 prefix; a token without
         bytes (eos) may only come at a character boundary."""
         if self._bytes is None:
-            self._bytes = vocabulary_bytes(self.tokenizer, self.model.get_output_embeddings().weight.shape[0])[1]
+            self._bytes = _vocab_bytes(self.tokenizer, self.model.get_output_embeddings().weight.shape[0])
         before = b"".join(self._bytes[i] or b"" for i in word)
         if self._bytes[token] is None:
             return _utf8_prefix(before) == "complete"

@@ -10,7 +10,20 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("ADAFUSE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
-torch.set_num_threads(int(os.environ.get("ADAFUSE_TEST_THREADS", "2")))
+# One worker more than cores (a worker waiting on a SLURM job or a run.py process leaves its core to the
+# others), at most 4 (each holds the bundled pair, ~3 GB), and the cores shared among them: a worker's torch,
+# and the run.py processes it starts, take their share (OMP_NUM_THREADS), not every core each.
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    return min((os.cpu_count() or 1) + 1, MAX_WORKERS)
+
+
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = int(os.environ.get("ADAFUSE_TEST_THREADS", max(1, (os.cpu_count() or 1) // WORKERS)))
+os.environ["OMP_NUM_THREADS"] = str(THREADS)
+torch.set_num_threads(THREADS)
 
 # The slow reference's cache-free log-probabilities, remembered for the whole session: many tests run it over
 # the same prompts (a pure function of model and ids; see adafuse/reference.py). Bounded: 512 MiB by default.

@@ -23,12 +23,11 @@ pytestmark = pytest.mark.slow
 def prompts_of_many_lengths(shared_data) -> list[tuple[str, list[str], int]]:
     nq = (shared_data / "adafuse_local_datasets/NaturalQuestions/dev/nq_prompt.txt").read_text()
     return [
-        ("Question: What is the capital of France?\nAnswer:", ["\n"], 16),  # stops after a round or two
-        (nq + "\n\nQuestion: when was the last time anyone was on the moon\nAnswer:", ["\n"], 16),  # ~800 tokens
-        ("Die Hauptstadt von Deutschland ist", [], 20),  # runs to the budget
-        ("List three colors:\n", ["\n\n"], 24),
-        ("日本の首都は", [], 8),
-        (nq + "\n\nQuestion: who wrote the declaration of independence\nAnswer:", ["\n"], 16),
+        ("Question: What is the capital of France?\nAnswer:", ["\n"], 8),  # stops after a round or two
+        (nq + "\n\nQuestion: when was the last time anyone was on the moon\nAnswer:", ["\n"], 8),
+        ("Die Hauptstadt von Deutschland ist", [], 10),  # runs to the budget
+        ("日本の首都は", [], 6),
+        (nq + "\n\nQuestion: who wrote the declaration of independence\nAnswer:", ["\n"], 8),
     ]
 
 

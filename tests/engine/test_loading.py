@@ -1,13 +1,17 @@
 """Model entries resolve to files with clear errors; bundled GGUFs convert once and are reused."""
 
+import subprocess
+import sys
 import time
 
+import psutil
 import pytest
+from filelock import FileLock
 
 from adafuse.config import ModelConfig
 from adafuse.ensemble import model_config
 from adafuse.errors import ConfigError, ModelFileError, UnknownNameError
-from adafuse.loading import converted_gguf_dir, default_cache_dir, model_location
+from adafuse.loading import converted_gguf_dir, default_cache_dir, gguf_parts, model_location
 
 
 def test_missing_gguf_file_names_the_path(tmp_path):
@@ -66,3 +70,43 @@ def test_pinned_hash_mismatch_on_a_bundled_model_is_refused(tmp_path):
     cfg.sha256 = "f" * 64
     with pytest.raises(ModelFileError, match="SmolLM2-135M-Instruct.Q4_1.gguf is corrupt"):
         model_location(cfg, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_conversion_under_way_elsewhere_is_awaited_not_repeated(tmp_path):
+    """A process that finds another converting the same GGUF (it holds the lock) waits, then takes that
+    process's copy: workers and array jobs on a fresh cache convert a model once between them."""
+    cfg = model_config("smollm2_135m")
+    target = tmp_path / "gguf" / cfg.sha256
+    target.parent.mkdir(parents=True)
+    waiter = [sys.executable, "-c", WAIT_FOR_CONVERSION, str(tmp_path)]
+    lock = target.parent / f"{cfg.sha256}.lock"
+    with FileLock(lock):
+        proc = subprocess.Popen(waiter, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Once it has read the GGUF through (its hash), it either waits on the lock or converts beside us,
+        # which would show as a work directory of its own.
+        gguf, reading, deadline = str(gguf_parts(cfg)[0]), False, time.time() + 60
+        while time.time() < deadline and proc.poll() is None:
+            open_now = [f.path for f in psutil.Process(proc.pid).open_files()]
+            if reading and gguf not in open_now:
+                break
+            reading |= gguf in open_now
+            time.sleep(0.02)
+        time.sleep(3)
+        converting = list(target.parent.glob(".*"))
+        assert proc.poll() is None and not converting, (converting, proc.poll())
+        target.mkdir()  # what the lock holder leaves: a finished entry
+        (target / "config.json").write_text("{}")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.strip() == str(target) and "converting" not in err
+
+
+WAIT_FOR_CONVERSION = """
+import logging, sys
+from pathlib import Path
+from adafuse.ensemble import model_config
+from adafuse.loading import converted_gguf_dir
+logging.basicConfig(level=logging.INFO)
+print(converted_gguf_dir(model_config("smollm2_135m"), Path(sys.argv[1])))
+"""

@@ -19,41 +19,31 @@ def gsm_two_shots(shared_data) -> str:
     return "\n\n\n".join(shots[:2])
 
 
-# (prompt, stop strings, token budget); prompts that need ../shared/data are built in `cases`.
+# (prompt, stop strings, token budget): one prompt per kind of boundary (a stop string, a blank-line stop,
+# digits, umlauts, tabs, CJK, an emoji, code, trailing spaces); the paper-shaped pair's tests run the same
+# kinds through Llama-3's and Mistral's tokenizers (tests/engine/test_paper_pair_methods.py).
 PROMPTS = [
     ("Question: What is the capital of France?\nAnswer:", ["\n"], 4),
-    ("Q: Who wrote Hamlet?\nA:", ["\n"], 4),
-    ("Question: who sings nothing compares 2 u\nAnswer:", ["\n"], 4),
     ('Q: What does "carpe diem" mean?\nA:', ["\n\n"], 4),
-    ("Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nLet's think step by step\n", [], 4),
     ("The sum of 128 and 256 is", [], 4),
-    ("The price is $18.50, and the tax is", [], 4),
-    ("1, 2, 3, 4,", [], 4),
-    ("Die Hauptstadt von Deutschland ist", [], 4),
     ("Übersetze ins Englische: Der Hund läuft über die Straße.\nEnglisch:", ["\n"], 4),
-    ("Straße, Größe, Übermut und", [], 4),
-    ("Translate to German: The weather is nice today.\nGerman:", ["\n"], 4),
-    ("List three colors:\n", [], 4),
     ("Name:\tAlice\nAge:\t", [], 4),
     ("日本の首都は", [], 3),
     ("I love pizza 🍕 because", [], 4),
     ("def add(a, b):\n    return", ["\n\n"], 4),
-    ("Once upon a time,", [], 4),
     ("Answer:  ", [], 4),
+    ("Translate to German: The weather is nice today.\nGerman:", ["\n"], 4),
 ]
 
 
-def cases(shared_data):
-    nq = (shared_data / "adafuse_local_datasets/NaturalQuestions/dev/nq_prompt.txt").read_text()
-    return PROMPTS + [
-        (nq + "\n\nQuestion: when was the last time anyone was on the moon\nAnswer:", ["\n"], 4),
-        (
-            gsm_two_shots(shared_data) + "\n\nQuestion: A pen costs 3 dollars. How much do 4 pens cost?\n"
-            "Let's think step by step\n",
-            ["\n\nQuestion:"],
-            3,
-        ),
-    ]
+def long_case(shared_data):
+    """A two-shot GSM8K prompt of more than 512 tokens: past Gemma-3's sliding window."""
+    return (
+        gsm_two_shots(shared_data) + "\n\nQuestion: A pen costs 3 dollars. How much do 4 pens cost?\n"
+        "Let's think step by step\n",
+        ["\n\nQuestion:"],
+        3,
+    )
 
 
 def assert_agree(members, prompt, stop, budget, cfg):
@@ -71,14 +61,12 @@ def assert_agree(members, prompt, stop, budget, cfg):
     return fast
 
 
-def test_fast_decoder_equals_reference_on_varied_prompts(tiny, shared_data):
-    all_cases = cases(shared_data)
-    assert len(all_cases) >= 20
-    long_prompts = 0
-    for prompt, stop, budget in all_cases:
-        gen = assert_agree(tiny.members, prompt, stop, budget, AdaFuseConfig())
-        long_prompts += min(len(ids) for ids in gen.trace.prompt_ids) >= 500
-    assert long_prompts >= 1
+@pytest.mark.parametrize("case", [*PROMPTS, "gsm8k two-shot"], ids=lambda c: c if isinstance(c, str) else c[0][:20])
+def test_fast_decoder_equals_reference_on_varied_prompts(tiny, shared_data, case):
+    long = case == "gsm8k two-shot"
+    prompt, stop, budget = long_case(shared_data) if long else case
+    gen = assert_agree(tiny.members, prompt, stop, budget, AdaFuseConfig())
+    assert (min(len(ids) for ids in gen.trace.prompt_ids) > 512) == long
 
 
 @pytest.mark.parametrize(
@@ -96,7 +84,7 @@ def test_fast_decoder_equals_reference_on_varied_prompts(tiny, shared_data):
 )
 def test_options_agree_with_reference(tiny, options):
     changed = False
-    for prompt, stop, _ in [PROMPTS[0], PROMPTS[15]]:
+    for prompt, stop, _ in [PROMPTS[0], PROMPTS[6]]:
         with_option = assert_agree(tiny.members, prompt, stop, 4, AdaFuseConfig(**options))
         without = decode(tiny.members, prompt, AdaFuseConfig(), stop=stop, max_new_tokens=4, trace=True)
         changed |= rounds_of(with_option) != rounds_of(without)
@@ -114,7 +102,7 @@ def rounds_of(gen) -> list:
 @pytest.mark.parametrize("order", [[0], [1, 0], [0, 1, 0], [1, 0, 1, 0]], ids=["K=1", "K=2 reversed", "K=3", "K=4"])
 def test_ensembles_of_one_to_four_models_agree_with_reference(tiny, order):
     members = [clone(tiny.members[i]) for i in order]  # own context and cache, shared weights
-    prompt, stop, _ = PROMPTS[11]
+    prompt, stop, _ = PROMPTS[9]
     assert_agree(members, prompt, stop, 4, AdaFuseConfig())
 
 
@@ -138,15 +126,18 @@ def exercised(gen) -> tuple[int, int, int]:
     return len(gen.trace.rounds), foreign, cut_backs
 
 
-# The beam variant reads far more rows per word: two prompts keep it within CI's budget. On the
-# "\n\n" prompt Gemma's beam has every hypothesis finish in one step (an empty selection of rows).
+# Twelve tokens are six rounds or more on each prompt, with foreign winners and cut-backs among them (on the
+# "\n\n" prompt Gemma's beam has every hypothesis finish in one step, an empty selection of rows: the beam
+# variant reads another prompt).
 @pytest.mark.parametrize(
-    "diversity, prompts", [(True, LONG_PROMPTS), (False, LONG_PROMPTS[1:])], ids=["branches", "beam"]
+    "diversity, prompts",
+    [(True, LONG_PROMPTS[2:]), (False, LONG_PROMPTS[1:2])],
+    ids=["branches", "beam"],
 )
 def test_long_generations_agree_with_reference_through_cut_backs_and_foreign_winners(tiny, diversity, prompts):
     rounds = foreign = cut_backs = 0
     for prompt in prompts:
-        gen = assert_agree(tiny.members, prompt, [], 24, AdaFuseConfig(diversity=diversity))
+        gen = assert_agree(tiny.members, prompt, [], 12, AdaFuseConfig(diversity=diversity))
         counts = exercised(gen)
         rounds, foreign, cut_backs = rounds + counts[0], foreign + counts[1], cut_backs + counts[2]
     assert rounds >= 6 * len(prompts) and foreign >= 1 and cut_backs >= 1, (rounds, foreign, cut_backs)
@@ -156,6 +147,6 @@ def test_chat_template_members_agree_with_reference(tiny):
     smol_chat = clone(tiny.members[0])
     smol_chat.chat_template = True
     members = [smol_chat, clone(tiny.members[1])]  # SmolLM2 reads its ChatML rendering; Gemma has no template
-    for prompt, stop, _ in [PROMPTS[0], PROMPTS[9]]:
-        gen = assert_agree(members, prompt, stop, 8, AdaFuseConfig())
+    for prompt, stop, _ in [PROMPTS[0], PROMPTS[3]]:
+        gen = assert_agree(members, prompt, stop, 4, AdaFuseConfig())
         assert gen.trace.prompt_ids[0][:1] == smol_chat.tokenizer.convert_tokens_to_ids(["<|im_start|>"])

@@ -2,7 +2,6 @@
 file and examples, method=adafuse_code, and paper_* metrics that the predictions reproduce."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -10,15 +9,14 @@ import pytest
 
 from eval.metrics import METRICS
 from eval.paper_metrics import authors_pred
-from tests.conftest import ROOT, SHARED_DATA
+from tests.conftest import ROOT, SHARED_DATA, THREADS
 
 pytestmark = pytest.mark.slow
 
 
 def test_run_py_protocol_paper_writes_its_own_run_with_the_papers_scores(tmp_path):
-    threads = os.environ.get("ADAFUSE_TEST_THREADS", "2")
     command = [sys.executable, str(ROOT / "run.py"), "task=nq", "protocol=paper", "task.limit=2"]
-    command += [f"results_dir={tmp_path}", f"data.dir={SHARED_DATA}", f"threads={threads}"]
+    command += [f"results_dir={tmp_path}", f"data.dir={SHARED_DATA}", f"threads={THREADS}"]
     command += ["wandb.mode=disabled", "progress=false"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
