@@ -1,7 +1,7 @@
 """Resolve a model entry (hub id, local directory, GGUF file, or bundled GGUF) to a tokenizer and weights.
 
-GGUF weights are dequantised by transformers, which costs 40-85 s per small model on two CPU
-cores. The result (safetensors + tokenizer) is cached under `<cache_dir>/gguf/<sha256>/`, keyed by
+GGUF weights are dequantised by transformers, slowly (the metadata of a large vocabulary most of
+all). The result (safetensors + tokenizer) is cached under `<cache_dir>/gguf/<sha256>/`, keyed by
 the GGUF's hash, so every later load takes seconds. The cache entry is built in a private temporary
 directory and renamed into place, so concurrent jobs (a SLURM array) never see half a model, and
 under a lock, so that they convert it once between them rather than once each.
@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -103,11 +104,33 @@ def _joined(parts: list[Path], work: Path) -> Path:
     return joined
 
 
+@contextmanager
+def _gguf_read_once():
+    """transformers parses the GGUF afresh for the tokenizer, the config and the weights; parsing a 262k
+    vocabulary's metadata takes most of a conversion, so the three share one read-only reader."""
+    import gguf
+
+    original, readers = gguf.GGUFReader, {}
+
+    def shared(path, mode="r"):
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = shared
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
 def _dequantise(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with _gguf_read_once():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are dense after loading; without this save_pretrained refuses ("quantized with gguf").
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
