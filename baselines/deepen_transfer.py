@@ -20,7 +20,8 @@ embedding). That is two numbers per row plus `row_top_k` exact entries, and the 
 embedding matrix, which the model holds anyway. The build logs, and stores in the cache file's
 metadata, the L1 error of every row against its dense row (the README gives the bundled pair's).
 
-The cache file (safetensors, written atomically) is keyed by each member's embeddings and
+The cache file (safetensors, written atomically, built under a file lock so that concurrent processes
+build it once) is keyed by each member's embeddings and
 vocabulary, the temperature, `row_top_k`, `max_anchors` and the format. In memory, a member's
 matrix lives as long as its model does (`_TRANSFERS` is keyed weakly by the model), so a process
 that loads pair after pair holds only the matrices of the models still loaded.
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -252,11 +254,14 @@ def prepare(members, settings) -> list[Transfer]:
         if ready is not None:
             return ready
         path = transfer_path(settings, key)
-        if path.is_file():
-            stored = load_file(str(path))
-            log.info("deepen: transfer matrices read from %s", path)
-        else:
-            stored = _build_all(members, vocabs, digests, settings, path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Across processes too (test workers, a SLURM array on a fresh cache): one builds, the others read.
+        with FileLock(path.with_suffix(".lock")):
+            if path.is_file():
+                stored = load_file(str(path))
+                log.info("deepen: transfer matrices read from %s", path)
+            else:
+                stored = _build_all(members, vocabs, digests, settings, path)
         transfers = [_transfer(stored, d[:16], m.input_embeddings()) for m, d in zip(members, digests)]
         with _LOCK:
             for m, transfer in zip(members, transfers):

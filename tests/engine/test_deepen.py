@@ -7,10 +7,14 @@ about a minute, and map each distribution's 512 most probable tokens (`support`)
 can write its rows out densely; the decoding step is the same for any anchor count and support.
 """
 
+import shutil
+import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from filelock import FileLock
 
 import baselines.deepen_transfer as deepen_transfer
 from adafuse.config import SingleConfig
@@ -197,6 +201,25 @@ def test_the_real_pair_reads_its_matrices_back_from_disk(tiny, smol, tmp_path, m
     monkeypatch.setattr(deepen_transfer, "_TRANSFERS", weakref.WeakKeyDictionary())
     prepare([smol, clone(smol)], cfg)
     assert len(list((tmp_path / "deepen").glob("*.safetensors"))) == 2
+
+
+def test_a_build_under_way_elsewhere_is_awaited_and_read_not_repeated(tiny, tmp_path, monkeypatch):
+    """Whoever finds the matrices' lock held (another worker, another array job) waits for the file and
+    reads it instead of building the same matrices beside it."""
+    monkeypatch.setattr(deepen_transfer, "_TRANSFERS", weakref.WeakKeyDictionary())
+    built = prepare(tiny.members, DeepenConfig(max_anchors=256, cache_dir=str(tmp_path / "elsewhere")))
+    (finished,) = (tmp_path / "elsewhere" / "deepen").glob("*.safetensors")
+    target = tmp_path / "deepen" / finished.name
+    target.parent.mkdir()
+    monkeypatch.setattr(deepen_transfer, "_TRANSFERS", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(deepen_transfer, "build_transfer", lambda *a, **k: pytest.fail("built beside the lock holder"))
+    with ThreadPoolExecutor(1) as pool, FileLock(target.with_suffix(".lock")):
+        waiting = pool.submit(prepare, tiny.members, DeepenConfig(max_anchors=256, cache_dir=str(tmp_path)))
+        time.sleep(2)
+        assert not waiting.done(), waiting.exception()
+        shutil.copy(finished, target)  # what the lock holder leaves
+    read = waiting.result(timeout=60)
+    assert all(torch.equal(a.slope, b.slope) and torch.equal(a.top_ids, b.top_ids) for a, b in zip(built, read))
 
 
 def test_a_main_member_that_does_not_exist_is_refused(tiny):
