@@ -142,7 +142,7 @@ def forward_together(
 
     `exact`: every request's numbers are bitwise those of its pass alone (adafuse/invariance.py:
     attention per request, and linear layers per request where this device's kernels depend on the
-    number of rows); the caller checks first that the model can be split (`can_merge_exactly`).
+    number of rows); a model that cannot be split is refused (`can_merge_exactly`).
     Otherwise the merged mask stands for the padding, and results equal the alone pass's up to
     rounding.
     """
@@ -161,6 +161,8 @@ def forward_together(
     merged = resident.merged if resident is not None and resident.holds(caches) else _merge(caches, longest, width)
     kwargs = {"input_ids": ids, "position_ids": positions, "use_cache": True, member.cache_arg: merged}
     if exact:
+        if not can_merge_exactly(member.model):  # idempotent: it prepares a model on its first merged pass
+            raise ValueError(f"model {member.name!r}: its attention cannot be split per request; run its passes alone")
         spans, row = [], 0
         for length, x in zip(lengths, inputs):
             spans.append(Span(slice(row, row + x.shape[0]), length, x.shape[1]))

@@ -1,5 +1,9 @@
 """Batching across examples (adafuse/batching.py) changes no prediction: every example decoded with
-others in flight equals the same example decoded alone, on the real bundled pair."""
+others in flight equals the same example decoded alone.
+
+Whole decodes run on the paper's pair in shape (real Llama-3 and Mistral tokenizers, tiny random weights:
+what is checked is the scheduler, not the models); on the real bundled pair a merged pass equals separate
+passes below, and tests/engine/test_adafuse_code.py decodes the authors' recorded examples batched."""
 
 import gc
 import threading
@@ -8,12 +12,15 @@ import weakref
 import pytest
 import torch
 
-from adafuse import Request, SingleConfig
+from adafuse import Ensemble, Request, SingleConfig
 from adafuse.batching import Scheduler, decode_many, forward_together
+from adafuse.config import ModelConfig
 from adafuse.ensemble import resolve_method
 from adafuse.errors import BatchMemoryError
+from adafuse.invariance import PREFIX
 from adafuse.methods import METHODS
 from adafuse.model import PromptStore
+from tests.paper_pair import NAMES
 
 from .helpers import clone
 
@@ -32,9 +39,9 @@ def prompts_of_many_lengths(shared_data) -> list[tuple[str, list[str], int]]:
 
 
 @pytest.mark.parametrize("method, options", [("adafuse", {}), ("single", {"member": 1})])
-def test_batched_predictions_equal_unbatched_ones(tiny, shared_data, method, options):
+def test_batched_predictions_equal_unbatched_ones(paper_pair, shared_data, method, options):
     cases = prompts_of_many_lengths(shared_data)
-    alone = [tiny.decode(p, method=method, stop=stop, max_new_tokens=n, **options) for p, stop, n in cases]
+    alone = [paper_pair.decode(p, method=method, stop=stop, max_new_tokens=n, **options) for p, stop, n in cases]
     spec, cfg = resolve_method(method, options)
 
     def one(members, i):  # each example keeps its own stop strings and budget
@@ -43,7 +50,7 @@ def test_batched_predictions_equal_unbatched_ones(tiny, shared_data, method, opt
 
     scheduler, finished = Scheduler(), []
     # a batch of 3 for 6 examples: finished examples' slots are refilled while others run on
-    for i, gen in decode_many(tiny.members, range(len(cases)), one, batch_size=3, scheduler=scheduler):
+    for i, gen in decode_many(paper_pair.members, range(len(cases)), one, batch_size=3, scheduler=scheduler):
         finished.append(i)
         assert gen.text == alone[i].text, cases[i][0][-60:]
         assert gen.ids == alone[i].ids
@@ -75,32 +82,44 @@ def test_examples_that_start_together_read_the_few_shot_prefix_once(tiny, shared
         assert gen.text == tiny.decode(prompts[i], method="single", member=0, max_new_tokens=3).text
 
 
-def test_decode_batch_returns_results_in_prompt_order(tiny):
+def test_decode_batch_returns_results_in_prompt_order(paper_pair):
     prompts = ["Question: Who wrote Hamlet?\nAnswer:", "1, 2, 3, 4,", "Question: What is 2 + 2?\nAnswer:"]
-    batched = tiny.decode_batch(prompts, batch_size=2, stop=["\n"], max_new_tokens=8)
-    assert [g.text for g in batched] == [tiny.decode(p, stop=["\n"], max_new_tokens=8).text for p in prompts]
+    batched = paper_pair.decode_batch(prompts, batch_size=2, stop=["\n"], max_new_tokens=8)
+    alone = [paper_pair.decode(p, stop=["\n"], max_new_tokens=8).text for p in prompts]
+    assert [g.text for g in batched] == alone and len(set(alone)) == len(prompts)
+
+
+def assert_merged_equals_separate(member):
+    """Rows of different examples, with caches of different lengths, read together: logits and caches
+    as if each had been read alone (float rounding aside)."""
+    short, long = clone(member), clone(member)
+    short.start("Hello there")
+    long.start("The quick brown fox jumps over the lazy dog. " * 20)
+    rows_a, rows_b = short.fork(2), long.fork(1)
+    inputs = [torch.tensor([[5, 6, 7], [8, 9, 10]]), torch.tensor([[11]])]
+    merged, resident = forward_together(member, [rows_a.cache, rows_b.cache], inputs)
+    assert resident is None  # forks' rows are copied out, never left as views of the merged cache
+    fresh_a, fresh_b = short.fork(2), long.fork(1)
+    separate = [member.forward_alone(fresh_a.cache, inputs[0]), member.forward_alone(fresh_b.cache, inputs[1])]
+    for got, want in zip(merged, separate):
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, atol=1e-3)
+    for got_cache, want_cache in [(rows_a.cache, fresh_a.cache), (rows_b.cache, fresh_b.cache)]:
+        assert got_cache.get_seq_length() == want_cache.get_seq_length()
+        for g, w in zip(got_cache.layers, want_cache.layers):
+            assert torch.allclose(g.keys, w.keys, atol=1e-3)
 
 
 def test_a_merged_pass_equals_separate_passes(tiny):
-    """Rows of different examples, with caches of different lengths, read together: logits and caches
-    as if each had been read alone (float rounding aside)."""
     for member in tiny.members:
-        short, long = clone(member), clone(member)
-        short.start("Hello there")
-        long.start("The quick brown fox jumps over the lazy dog. " * 20)
-        rows_a, rows_b = short.fork(2), long.fork(1)
-        inputs = [torch.tensor([[5, 6, 7], [8, 9, 10]]), torch.tensor([[11]])]
-        merged, resident = forward_together(member, [rows_a.cache, rows_b.cache], inputs)
-        assert resident is None  # forks' rows are copied out, never left as views of the merged cache
-        fresh_a, fresh_b = short.fork(2), long.fork(1)
-        separate = [member.forward_alone(fresh_a.cache, inputs[0]), member.forward_alone(fresh_b.cache, inputs[1])]
-        for got, want in zip(merged, separate):
-            assert got.shape == want.shape
-            assert torch.allclose(got, want, atol=1e-3)
-        for got_cache, want_cache in [(rows_a.cache, fresh_a.cache), (rows_b.cache, fresh_b.cache)]:
-            assert got_cache.get_seq_length() == want_cache.get_seq_length()
-            for g, w in zip(got_cache.layers, want_cache.layers):
-                assert torch.allclose(g.keys, w.keys, atol=1e-3)
+        assert_merged_equals_separate(member)
+
+
+def test_a_model_is_prepared_for_merging_by_its_first_merged_pass(paper_pair_dir):
+    """A model no scheduler has seen (its attention not yet wrapped) still merges exactly."""
+    fresh = Ensemble.from_config([ModelConfig(name=NAMES[0], path=str(paper_pair_dir / NAMES[0]))]).members[0]
+    assert not fresh.model.config._attn_implementation.startswith(PREFIX)
+    assert_merged_equals_separate(fresh)
 
 
 def test_a_pass_that_cannot_fit_is_a_named_error(tiny):
