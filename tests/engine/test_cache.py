@@ -1,4 +1,5 @@
-"""KV-cache invariants of the member wrapper, checked against cache-free forward passes."""
+"""KV-cache invariants of the member wrapper, checked against cache-free forward passes: on the real pair
+(and Gemma-3's sliding window), and through whole decodes on the paper's pair in shape."""
 
 import pytest
 import torch
@@ -125,9 +126,9 @@ def test_generated_text_that_looks_like_a_control_token_is_encoded_as_text(tiny)
         assert m.text_of(ids, m.encode("x")) == " <eos> <|im_end|> <start_of_image> <table>"
 
 
-def test_cache_length_equals_context_after_every_decode(tiny):
+def test_cache_length_equals_context_after_every_decode(paper_pair):
     for prompt in ["Question: what is the tallest mountain?\nAnswer:", "Once upon a time,"]:
-        decode(tiny.members, prompt, AdaFuseConfig(), stop=["\n"], max_new_tokens=12)
-        for m in tiny.members:
+        decode(paper_pair.members, prompt, AdaFuseConfig(), stop=["\n"], max_new_tokens=12)
+        for m in paper_pair.members:
             m.check_invariant()
             assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
