@@ -77,7 +77,8 @@ def test_second_call_reads_the_safetensors_file_and_builds_nothing(fresh, monkey
     members = [FakeMember("a", PIECES_A, 1), FakeMember("b", PIECES_B, 2)]
     first = prepare(members, fresh)
     files = list(Path(fresh.cache_dir, "deepen").iterdir())
-    assert len(files) == 1 and files[0].suffix == ".safetensors"
+    assert sorted(f.suffix for f in files) == [".lock", ".safetensors"]  # the file and its build lock
+    files = [f for f in files if f.suffix == ".safetensors"]
     assert files[0].read_bytes()[:1] != b"\x80"  # not a pickle
     with safe_open(str(files[0]), "pt") as f:  # a plain safetensors file, with its build report
         meta = f.metadata()
