@@ -1,44 +1,41 @@
-"""Convert models into the cache before they are needed, each in its own process, side by side.
+"""Convert the models a run will decode with into the cache before it starts, each in its own process,
+side by side.
 
 A GGUF model (the bundled pair) is dequantised on first use and cached (adafuse/loading.py). Jobs that
 start on a fresh cache wait for that conversion, one model after the other; this does it once, ahead:
-before a SLURM sweep, in CI before the tests, or after an install.
+before a SLURM sweep, in CI before the tests, or after an install. It takes run.py's overrides and
+prepares the models that run would use (`single` uses one member of the pair).
 
-    python scripts/prepare_models.py                      # the embedded default pair
-    python scripts/prepare_models.py smollm2_135m qwen3_8b  # any names from conf/model/
+    python scripts/prepare_models.py                              # the embedded default pair
+    python scripts/prepare_models.py model_pair=llama_mistral     # any pair, as run.py composes it
+    python scripts/prepare_models.py method=single method.member=1
 """
 
-import argparse
 import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from hydra.errors import HydraException
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adafuse.ensemble import model_config  # noqa: E402
+from adafuse.config import ModelConfig  # noqa: E402
 from adafuse.errors import AdaFuseError  # noqa: E402
 from adafuse.loading import model_location  # noqa: E402
-
-DEFAULT_PAIR = ["smollm2_135m", "gemma3_270m"]
-
-
-def prepare(name: str) -> str:
-    return model_location(model_config(name))
+from conf.compose import compose_run  # noqa: E402
+from eval.runner import decoding_models, settings_of  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("models", nargs="*", default=DEFAULT_PAIR, help="names of files in conf/model/")
-    names = parser.parse_args(argv).models
-    try:
-        for name in names:  # an unknown name fails here, before any work
-            model_config(name)
-    except AdaFuseError as err:
+    overrides = sys.argv[1:] if argv is None else argv
+    try:  # a bad override or an unknown model fails here, before any conversion
+        models: list[ModelConfig] = decoding_models(settings_of(compose_run(*overrides)))
+    except (AdaFuseError, HydraException) as err:
         sys.exit(f"prepare_models: {err}")
-    with ProcessPoolExecutor(len(names), mp_context=multiprocessing.get_context("spawn")) as pool:
-        for name, where in zip(names, pool.map(prepare, names)):
-            print(f"{name}: {where}")
+    with ProcessPoolExecutor(len(models), mp_context=multiprocessing.get_context("spawn")) as pool:
+        for cfg, where in zip(models, pool.map(model_location, models)):
+            print(f"{cfg.name}: {where}")
 
 
 if __name__ == "__main__":
