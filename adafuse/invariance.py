@@ -177,11 +177,15 @@ def _rows_invariant(module: torch.nn.Linear, generator) -> bool:
 
 def split_linear(model) -> None:
     """Give every linear layer of the model a forward that, inside a split pass that asks for it,
-    multiplies each request's rows on their own (idempotent; outside such a pass it is F.linear)."""
+    multiplies each request's rows on their own (idempotent, and cheap to repeat: every merged pass asks
+    for it; outside such a pass it is F.linear)."""
+    if getattr(model, "_adafuse_split_linear", False):
+        return
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and not getattr(module, "_adafuse_split", False):
             module.forward = functools.partial(_linear, module)
             module._adafuse_split = True
+    model._adafuse_split_linear = True
 
 
 def _linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
