@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -104,25 +105,31 @@ def _joined(parts: list[Path], work: Path) -> Path:
     return joined
 
 
+_GGUF_SWAP = threading.Lock()
+
+
 @contextmanager
 def _gguf_read_once():
     """transformers parses the GGUF afresh for the tokenizer, the config and the weights; parsing a 262k
-    vocabulary's metadata takes most of a conversion, so the three share one read-only reader."""
+    vocabulary's metadata takes most of a conversion, so the three share one read-only reader. The swap is
+    module-wide, so conversions in one process take turns (threads converting two models would otherwise
+    restore each other's swap)."""
     import gguf
 
-    original, readers = gguf.GGUFReader, {}
+    with _GGUF_SWAP:
+        original, readers = gguf.GGUFReader, {}
 
-    def shared(path, mode="r"):
-        key = (os.fspath(path), mode)
-        if key not in readers:
-            readers[key] = original(path, mode)
-        return readers[key]
+        def shared(path, mode="r"):
+            key = (os.fspath(path), mode)
+            if key not in readers:
+                readers[key] = original(path, mode)
+            return readers[key]
 
-    gguf.GGUFReader = shared
-    try:
-        yield
-    finally:
-        gguf.GGUFReader = original
+        gguf.GGUFReader = shared
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = original
 
 
 def _dequantise(gguf: Path, out: Path) -> None:
