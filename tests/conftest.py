@@ -61,6 +61,18 @@ def gemma(tiny):
     return tiny.members[1]
 
 
+WINDOW = 16  # Gemma-3's sliding window in `narrow` (the real model's: 512)
+
+
+@pytest.fixture(scope="session")
+def narrow(tiny):
+    """The embedded pair with Gemma-3's sliding window narrowed to WINDOW tokens (real weights, shared with
+    `tiny`): prompts of a few dozen tokens cross the window (tests/engine/helpers.py `narrow_window`)."""
+    from tests.engine.helpers import narrow_window
+
+    return [tiny.members[0].clone(), narrow_window(tiny.members[1], WINDOW)]
+
+
 @pytest.fixture(scope="session")
 def paper_pair_dir() -> Path:
     """The paper's pair in shape (real tokenizers, tiny random weights), built once and cached:

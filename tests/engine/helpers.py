@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -38,6 +40,27 @@ def nq_prompt(shared_data, example_id: str) -> tuple[str, list[str]]:
 
 
 def nq_few_shot_case(shared_data, budget: int) -> tuple[str, list[str], int]:
-    """(prompt, stop strings, budget): the paper's NQ few-shot prompt (~700 tokens) and one question."""
+    """(prompt, stop strings, budget): the paper's NQ few-shot prompt and one question (about 190 tokens)."""
     nq = (shared_data / "adafuse_local_datasets/NaturalQuestions/dev/nq_prompt.txt").read_text()
     return nq + "\n\nQuestion: when was the last time anyone was on the moon\nAnswer:", ["\n"], budget
+
+
+def narrow_window(member: Member, window: int) -> Member:
+    """The member's model with its sliding window narrowed to `window` tokens, over the same weights.
+
+    Gemma-3 attends through a 512-token window on 5 of 6 layers; crossing it takes a prompt of more than
+    512 tokens, and every cache-free reference pass re-reads all of them. With the window narrowed, a
+    short prompt (and the generation itself) crosses it: the same code (masks, cache, cut-backs past the
+    window) on sequences a tenth as long. A member of its own, not a clone: clones share their prompt
+    cache, which holds the full-window model's keys and values."""
+    model = member.model
+    config = model.config.get_text_config()
+    if not getattr(config, "sliding_window", None):
+        raise ValueError(f"model {member.name!r} has no sliding window to narrow")
+    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    narrow = copy.deepcopy(model, shared)  # new modules and config; the weights are the same tensors
+    narrow.config.get_text_config().sliding_window = window
+    for module in narrow.modules():
+        if getattr(module, "sliding_window", None):  # set on each sliding layer's attention from the config
+            module.sliding_window = window
+    return Member(f"{member.name}_window{window}", member.tokenizer, narrow, member.chat_template)
