@@ -123,14 +123,15 @@ def assert_a_right_answer_gets_full_marks(out: Path) -> None:
 @pytest.mark.parametrize("task", TASKS)
 def test_each_benchmark_runs_and_scores_what_it_wrote(task, method, tmp_path):
     out = tmp_path / "run"
-    metrics = run_task(task, method, out, "task.limit=3")
+    n = 2  # decoded together (batch_size 8): the finish order is not the canonical order
+    metrics = run_task(task, method, out, f"task.limit={n}")
     records = read_predictions(out)
-    # the first 3 examples of the canonical order; lines are written as examples finish (batched)
+    # the first n examples of the canonical order; lines are written as examples finish (batched)
     assert sorted(map(json.dumps, [r["references"] for r in records])) == sorted(
-        map(json.dumps, first_references(task, 3))
+        map(json.dumps, first_references(task, n))
     )
-    assert len({r["id"] for r in records}) == 3
-    assert metrics["n"] == 3 and metrics["task"] == task and metrics["method"]["name"] == method
+    assert len({r["id"] for r in records}) == n
+    assert metrics["n"] == n and metrics["task"] == task and metrics["method"]["name"] == method
     assert metrics["models"] == (["smollm2_135m", "gemma3_270m"] if method == "adafuse" else ["smollm2_135m"])
     assert json.loads((out / "metrics.json").read_text()) == metrics
     assert yaml.safe_load((out / "config.yaml").read_text())["task"]["name"] == task
