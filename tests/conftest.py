@@ -73,6 +73,31 @@ def narrow(tiny):
     return [tiny.members[0].clone(), narrow_window(tiny.members[1], WINDOW)]
 
 
+GEMMA_LAYERS = ["sliding_attention", "sliding_attention", "full_attention"]
+
+
+@pytest.fixture(scope="session")
+def tiny_shaped(tiny):
+    """The embedded pair in shape: SmolLM2's and Gemma-3's real tokenizers, tiny random weights
+    (tests/engine/helpers.py `in_shape`); Gemma's sliding window WINDOW tokens, and two of its sliding
+    layers before a full one, as in the real model. A pass costs milliseconds, not a second."""
+    from tests.engine.helpers import in_shape
+
+    smol, gemma = tiny.members
+    return [
+        in_shape(smol, seed=135, layers=2, kv_heads=2),
+        in_shape(
+            gemma,
+            seed=270,
+            layers=3,
+            kv_heads=1,
+            sliding_window=WINDOW,
+            query_pre_attn_scalar=16,
+            layer_types=GEMMA_LAYERS,
+        ),
+    ]
+
+
 @pytest.fixture(scope="session")
 def paper_pair_dir() -> Path:
     """The paper's pair in shape (real tokenizers, tiny random weights), built once and cached:

@@ -1,7 +1,9 @@
 import copy
 
 import pytest
+import torch
 from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM
 
 from adafuse.ensemble import resolve_method
 from adafuse.model import Member
@@ -64,3 +66,37 @@ def narrow_window(member: Member, window: int) -> Member:
         if getattr(module, "sliding_window", None):  # set on each sliding layer's attention from the config
             module.sliding_window = window
     return Member(f"{member.name}_window{window}", member.tokenizer, narrow, member.chat_template)
+
+
+# The sizes of `in_shape`'s stand-ins, and the spread of their logits: as the paper's pair in shape
+# (scripts/make_paper_pair.py TINY, LOGIT_STD), so that some greedy steps are confident and some are not.
+SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "head_dim": 16}
+LOGIT_STD = 16.0
+
+
+def in_shape(member: Member, seed: int, layers: int, kv_heads: int, **config) -> Member:
+    """The member's tokenizer, architecture, special ids and eos set, with tiny seeded random weights.
+
+    The decoder's bookkeeping sees the real vocabulary and its text (byte-level BPE, SentencePiece with
+    byte fallback), at a small fraction of a real forward pass; the text is meaningless and varied."""
+    shape = copy.deepcopy(member.model.config)
+    # Untied: a tied head of this size makes a random model repeat its last input token.
+    for key, value in {
+        **SHAPE,
+        "tie_word_embeddings": False,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": kv_heads,
+        **config,
+    }.items():
+        setattr(shape, key, value)
+    if getattr(shape, "layer_types", None) and "layer_types" not in config:
+        shape.layer_types = shape.layer_types[:layers]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(shape, dtype=torch.float32).eval()
+    head = model.get_output_embeddings().weight
+    with torch.no_grad():
+        head.copy_(
+            torch.randn(head.shape, generator=torch.Generator().manual_seed(seed)) * LOGIT_STD / shape.hidden_size**0.5
+        )
+    model.generation_config = copy.deepcopy(member.model.generation_config)
+    return Member(f"{member.name}_in_shape", member.tokenizer, model, member.chat_template)

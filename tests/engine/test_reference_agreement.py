@@ -1,7 +1,9 @@
 """The fast decoder (KV cache, batched forks, no re-reading) must agree exactly with the slow reference.
 
 Identical text, identical candidate pools (text, eos, proposers) and winners in every round, the
-same scored ids per model, and NLLs equal within 1e-4, on the real bundled pair.
+same scored ids per model, and NLLs equal within 1e-4, on the real bundled pair; where the bookkeeping
+is the point (every kind of prompt boundary, K = 1..4 members, chat templates), also or only on the
+pair in shape (real tokenizers, tiny random weights: conftest `tiny_shaped`).
 """
 
 import pytest
@@ -47,10 +49,23 @@ def assert_agree(members, prompt, stop, budget, cfg):
     return fast
 
 
-@pytest.mark.parametrize("case", PROMPTS, ids=lambda c: c[0][:20])
+# The real pair reads three kinds (a stop string, umlauts, CJK) and, in the option checks below, the emoji;
+# the pair in shape reads every kind: its random text crosses scripts and characters at every step.
+ON_THE_REAL_PAIR = [PROMPTS[0], PROMPTS[3], PROMPTS[5]]
+
+
+@pytest.mark.parametrize("case", ON_THE_REAL_PAIR, ids=lambda c: c[0][:20])
 def test_fast_decoder_equals_reference_on_varied_prompts(tiny, case):
     prompt, stop, budget = case
     assert_agree(tiny.members, prompt, stop, budget, AdaFuseConfig())
+
+
+def test_fast_decoder_equals_reference_on_every_kind_of_prompt_in_shape(tiny_shaped):
+    rounds = foreign = cut_backs = 0
+    for prompt, stop, budget in PROMPTS:
+        counts = exercised(assert_agree(tiny_shaped, prompt, stop, budget, AdaFuseConfig()))
+        rounds, foreign, cut_backs = rounds + counts[0], foreign + counts[1], cut_backs + counts[2]
+    assert rounds > len(PROMPTS) and foreign >= 1 and cut_backs >= 1, (rounds, foreign, cut_backs)
 
 
 def test_fast_decoder_equals_reference_past_the_sliding_window(narrow, gemma):
@@ -99,8 +114,8 @@ def rounds_of(gen) -> list:
 
 
 @pytest.mark.parametrize("order", [[0], [1, 0], [0, 1, 0], [1, 0, 1, 0]], ids=["K=1", "K=2 reversed", "K=3", "K=4"])
-def test_ensembles_of_one_to_four_models_agree_with_reference(tiny, order):
-    members = [clone(tiny.members[i]) for i in order]  # own context and cache, shared weights
+def test_ensembles_of_one_to_four_models_agree_with_reference(tiny_shaped, order):
+    members = [clone(tiny_shaped[i]) for i in order]  # own context and cache, shared weights
     prompt, stop, _ = PROMPTS[9]
     assert_agree(members, prompt, stop, 4, AdaFuseConfig())
 
@@ -142,10 +157,10 @@ def test_long_generations_agree_with_reference_through_cut_backs_and_foreign_win
     assert rounds >= 6 * len(prompts) and foreign >= 1 and cut_backs >= 1, (rounds, foreign, cut_backs)
 
 
-def test_chat_template_members_agree_with_reference(tiny):
-    smol_chat = clone(tiny.members[0])
+def test_chat_template_members_agree_with_reference(tiny_shaped):
+    smol_chat = clone(tiny_shaped[0])
     smol_chat.chat_template = True
-    members = [smol_chat, clone(tiny.members[1])]  # SmolLM2 reads its ChatML rendering; Gemma has no template
+    members = [smol_chat, clone(tiny_shaped[1])]  # SmolLM2 reads its ChatML rendering; Gemma has no template
     for prompt, stop, _ in [PROMPTS[0], PROMPTS[3]]:
         gen = assert_agree(members, prompt, stop, 4, AdaFuseConfig())
         assert gen.trace.prompt_ids[0][:1] == smol_chat.tokenizer.convert_tokens_to_ids(["<|im_start|>"])
