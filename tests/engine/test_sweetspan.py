@@ -1,4 +1,4 @@
-"""SweetSpan on the real bundled pair against a slow implementation written here.
+"""SweetSpan on the real bundled pair (and the pair in shape) against a slow implementation written here.
 
 The slow side has no cache: every greedy step and every score is a full forward pass over the whole
 token sequence (adafuse/reference.py's cache-free model, word rule and spec §4 alignment); the
@@ -89,13 +89,17 @@ def assert_agree(members, prompt, stop, budget, cfg):
     return fast
 
 
-def test_sweetspan_equals_the_slow_implementation(tiny, shared_data):
-    cases = PROMPTS + [nq_few_shot_case(shared_data, 6)]
+def test_sweetspan_equals_the_slow_implementation(tiny, tiny_shaped, shared_data):
+    """The real pair on a stop-string answer, German and the paper's NQ few-shot prompt; every prompt on
+    the pair in shape (conftest `tiny_shaped`), whose members never agree."""
     multi_span = 0
-    for prompt, stop, budget in cases:
+    for prompt, stop, budget in [PROMPTS[0], PROMPTS[2], nq_few_shot_case(shared_data, 6)]:
         gen = assert_agree(tiny.members, prompt, stop, budget, SweetSpanConfig())
         multi_span += any(len(r.candidates) > 1 for r in gen.trace.steps)
-    assert multi_span >= 3  # the members disagree, so scores and the filter decide
+    assert multi_span >= 2  # the members disagree, so scores and the filter decide
+    for prompt, stop, budget in PROMPTS:
+        gen = assert_agree(tiny_shaped, prompt, stop, budget, SweetSpanConfig())
+        assert any(len(r.candidates) > 1 for r in gen.trace.steps)
 
 
 # (options, the same without the option under test, prompt): each option changes some round's pool, scores or
