@@ -52,7 +52,7 @@ from baselines.vocab import Vocabulary, common_texts, vocabulary_of
 
 log = logging.getLogger(__name__)
 
-FORMAT = "1"  # bump when the stored quantities change; it is part of the cache key
+FORMAT = "2"  # bump when the stored quantities change; it is part of the cache key
 BUILD_ROWS = 1024  # rows of R per block while building: 1024 x |A| fp32 = 190 MB for 46k anchors
 
 
@@ -64,9 +64,10 @@ class Transfer:
     """Member i's P_i in the compressed form of the module docstring.
 
     Stored: anchors (|A|,) ids of the anchors in this vocabulary; offset, slope (V,); top_ids,
-    top_values (V, k): the exact entries of each row's top k. Held from the model: embeddings
-    (V, h), its input embeddings; anchor_dirs (|A|, h), the anchors' unit embeddings. Derived once:
-    top_fix (V, k), exact minus first-order value at the kept entries.
+    top_values (V, k): the exact entries of each row's top k; top_fix (V, k): exact minus first-order
+    value at those entries (stored, not derived on load: gathering k anchor embeddings per row took
+    seconds per process for a 262k vocabulary). Held from the model: embeddings (V, h), its input
+    embeddings; anchor_dirs (|A|, h), the anchors' unit embeddings.
     """
 
     anchors: torch.Tensor
@@ -76,16 +77,7 @@ class Transfer:
     top_values: torch.Tensor
     embeddings: torch.Tensor
     anchor_dirs: torch.Tensor
-    top_fix: torch.Tensor | None = None
-
-    def __post_init__(self):
-        if self.top_fix is None:
-            self.top_fix = torch.empty_like(self.top_values)
-            for start in range(0, len(self.offset), BUILD_ROWS):
-                ids = torch.arange(start, min(start + BUILD_ROWS, len(self.offset)))
-                top = self.top_ids[ids]
-                dots = torch.einsum("nh,nkh->nk", self.embeddings[ids].float(), self.anchor_dirs[top])
-                self.top_fix[ids] = self.top_values[ids] - (self.offset[ids, None] + self.slope[ids, None] * dots)
+    top_fix: torch.Tensor
 
     @property
     def n_anchors(self) -> int:
@@ -138,6 +130,7 @@ def build_transfer(
     anchor_dirs = torch.nn.functional.normalize(E[anchors], dim=-1)  # (|A|, h)
     offset, slope = torch.empty(n_rows), torch.empty(n_rows)
     top_ids, top_values = torch.empty(n_rows, k, dtype=torch.int32), torch.empty(n_rows, k)
+    top_fix = torch.empty(n_rows, k)
     l1 = torch.empty(n_rows)
     for start in range(0, n_rows, BUILD_ROWS):
         e = E[start : start + BUILD_ROWS]
@@ -159,6 +152,7 @@ def build_transfer(
         # Error against the dense row, top entries excluded (they are exact).
         dense = (x - lse[:, None]).exp_()
         x.mul_(alpha[:, None]).add_(off[:, None])  # x is now the first-order row
+        top_fix[start : start + len(e)] = top_p - x.gather(1, top_i)
         dense.sub_(x).abs_()
         l1[start : start + len(e)] = dense.sum(dim=-1) - dense.gather(1, top_i).sum(dim=-1)
         offset[start : start + len(e)] = off
@@ -167,6 +161,7 @@ def build_transfer(
         top_values[start : start + len(e)] = top_p
         del x, dense
     tensors = {"anchors": anchors.int(), "offset": offset, "slope": slope, "top_ids": top_ids, "top_values": top_values}
+    tensors["top_fix"] = top_fix
     return tensors, {"l1_mean": l1.mean().item(), "l1_max": l1.max().item()}
 
 
@@ -283,6 +278,7 @@ def _transfer(stored: dict[str, torch.Tensor], tag: str, embeddings: torch.Tenso
         slope=stored[f"{tag}.slope"],
         top_ids=stored[f"{tag}.top_ids"].long(),
         top_values=stored[f"{tag}.top_values"],
+        top_fix=stored[f"{tag}.top_fix"],
         embeddings=embeddings,
         anchor_dirs=torch.nn.functional.normalize(embeddings[anchors].float(), dim=-1),
     )

@@ -83,7 +83,8 @@ def test_second_call_reads_the_safetensors_file_and_builds_nothing(fresh, monkey
     with safe_open(str(files[0]), "pt") as f:  # a plain safetensors file, with its build report
         meta = f.metadata()
         assert meta["anchors"] == "9" and meta["format"] == deepen_transfer.FORMAT
-        assert all(key.endswith((".anchors", ".offset", ".slope", ".top_ids", ".top_values")) for key in f.keys())
+        stored = (".anchors", ".offset", ".slope", ".top_ids", ".top_values", ".top_fix")
+        assert all(key.endswith(stored) for key in f.keys())
 
     monkeypatch.setattr(deepen_transfer, "_TRANSFERS", weakref.WeakKeyDictionary())
     monkeypatch.setattr(
