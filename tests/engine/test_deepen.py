@@ -206,15 +206,17 @@ def test_the_real_pair_reads_its_matrices_back_from_disk(tiny, smol, tmp_path, m
 def test_a_build_under_way_elsewhere_is_awaited_and_read_not_repeated(tiny, tmp_path, monkeypatch):
     """Whoever finds the matrices' lock held (another worker, another array job) waits for the file and
     reads it instead of building the same matrices beside it."""
-    monkeypatch.setattr(deepen_transfer, "_TRANSFERS", weakref.WeakKeyDictionary())
-    built = prepare(tiny.members, DeepenConfig(max_anchors=256, cache_dir=str(tmp_path / "elsewhere")))
-    (finished,) = (tmp_path / "elsewhere" / "deepen").glob("*.safetensors")
+    shared = DeepenConfig(max_anchors=ANCHORS, support=SUPPORT)  # the reference tests' matrices, in the cache
+    built = prepare(tiny.members, shared)  # from memory or the cache; built once for every test that uses them
+    key = deepen_transfer.cache_key([deepen_transfer.member_digest(m, vocabulary_of(m)) for m in tiny.members], shared)
+    finished = deepen_transfer.transfer_path(shared, key)
     target = tmp_path / "deepen" / finished.name
     target.parent.mkdir()
     monkeypatch.setattr(deepen_transfer, "_TRANSFERS", weakref.WeakKeyDictionary())
     monkeypatch.setattr(deepen_transfer, "build_transfer", lambda *a, **k: pytest.fail("built beside the lock holder"))
     with ThreadPoolExecutor(1) as pool, FileLock(target.with_suffix(".lock")):
-        waiting = pool.submit(prepare, tiny.members, DeepenConfig(max_anchors=256, cache_dir=str(tmp_path)))
+        mine = DeepenConfig(max_anchors=ANCHORS, support=SUPPORT, cache_dir=str(tmp_path))
+        waiting = pool.submit(prepare, tiny.members, mine)
         time.sleep(2)
         assert not waiting.done(), waiting.exception()
         shutil.copy(finished, target)  # what the lock holder leaves
