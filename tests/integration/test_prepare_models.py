@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.scripts_in_process import run_script
 
 SCRIPT = str(ROOT / "scripts" / "prepare_models.py")
 
@@ -24,5 +25,5 @@ def test_the_runs_models_are_converted_into_the_cache_and_named_with_their_place
 
 @pytest.mark.parametrize("override, named", [("model_pair=no_such_pair", "no_such_pair"), ("tau=2", "tau")])
 def test_a_bad_override_is_refused_before_any_conversion(override, named):
-    done = subprocess.run([sys.executable, SCRIPT, override], capture_output=True, text=True, timeout=120)
+    done = run_script("prepare_models", override)  # in this process: no interpreter start-up to wait for
     assert done.returncode != 0 and done.stderr.startswith("prepare_models:") and named in done.stderr
