@@ -81,8 +81,8 @@ GEMMA_LAYERS = ["sliding_attention", "sliding_attention", "full_attention"]
 @pytest.fixture(scope="session")
 def tiny_shaped(tiny):
     """The embedded pair in shape: SmolLM2's and Gemma-3's real tokenizers, tiny random weights
-    (tests/engine/helpers.py `in_shape`); Gemma's sliding window WINDOW tokens, and two of its sliding
-    layers before a full one, as in the real model. A pass costs milliseconds, not a second."""
+    (tests/engine/helpers.py `in_shape`); Gemma's sliding window WINDOW tokens, on sliding layers before
+    a full one as in the real model (five, then one). A pass costs milliseconds, not a second."""
     from tests.engine.helpers import in_shape
 
     smol, gemma = tiny.members

@@ -80,7 +80,7 @@ def in_shape(member: Member, seed: int, layers: int, kv_heads: int, **config) ->
     The decoder's bookkeeping sees the real vocabulary and its text (byte-level BPE, SentencePiece with
     byte fallback), at a small fraction of a real forward pass; the text is meaningless and varied."""
     shape = copy.deepcopy(member.model.config)
-    # Untied: a tied head of this size makes a random model repeat its last input token.
+    # Untied: scaled as below, a head tied to the input embeddings makes a random model repeat its last token.
     for key, value in {
         **SHAPE,
         "tie_word_embeddings": False,
@@ -89,8 +89,8 @@ def in_shape(member: Member, seed: int, layers: int, kv_heads: int, **config) ->
         **config,
     }.items():
         setattr(shape, key, value)
-    if getattr(shape, "layer_types", None) and "layer_types" not in config:
-        shape.layer_types = shape.layer_types[:layers]
+    if getattr(shape, "layer_types", None) is not None and len(shape.layer_types) != layers:
+        raise ValueError(f"{member.name}: give the {layers} layers' layer_types")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(shape, dtype=torch.float32).eval()
     head = model.get_output_embeddings().weight
