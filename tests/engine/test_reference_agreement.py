@@ -69,8 +69,8 @@ def test_fast_decoder_equals_reference_on_every_kind_of_prompt_in_shape(tiny_sha
 
 
 def test_fast_decoder_equals_reference_past_the_sliding_window(narrow, gemma):
-    """Gemma-3 with its window narrowed (conftest `narrow`): the prompt crosses it, and every round's
-    candidates are read past it, through the cache and cut-backs, as with the real 512 tokens."""
+    """Gemma-3 with its window narrowed (conftest `narrow`): the prompt crosses it, and every round reads
+    its candidates past it through the cache, as a prompt past the real 512 tokens would."""
     prompt = (
         "Question: A pen costs 3 dollars and a notebook costs 5 dollars. How much do 4 pens and 2 notebooks "
         "cost together?\nLet's think step by step\n"
