@@ -21,10 +21,10 @@ embedding matrix, which the model holds anyway. The build logs, and stores in th
 metadata, the L1 error of every row against its dense row (the README gives the bundled pair's).
 
 The cache file (safetensors, written atomically, built under a file lock so that concurrent processes
-build it once) is keyed by each member's embeddings and
-vocabulary, the temperature, `row_top_k`, `max_anchors` and the format. In memory, a member's
-matrix lives as long as its model does (`_TRANSFERS` is keyed weakly by the model), so a process
-that loads pair after pair holds only the matrices of the models still loaded.
+build it once) is keyed by each member's embeddings and vocabulary, the temperature, `row_top_k`,
+`max_anchors` and the format. In memory, a member's matrix lives as long as its model does
+(`_TRANSFERS` is keyed weakly by the model), so a process that loads pair after pair holds only the
+matrices of the models still loaded.
 
 `settings` below is anything with `temperature`, `row_top_k`, `max_anchors` and `cache_dir`
 (a `DeepenConfig`).
@@ -65,8 +65,8 @@ class Transfer:
 
     Stored: anchors (|A|,) ids of the anchors in this vocabulary; offset, slope (V,); top_ids,
     top_values (V, k): the exact entries of each row's top k; top_fix (V, k): exact minus first-order
-    value at those entries (stored, not derived on load: gathering k anchor embeddings per row took
-    seconds per process for a 262k vocabulary). Held from the model: embeddings (V, h), its input
+    value at those entries (stored, not derived on load: deriving it gathers k anchor embeddings per
+    row, which every process that loads the matrices would repeat). Held from the model: embeddings (V, h), its input
     embeddings; anchor_dirs (|A|, h), the anchors' unit embeddings.
     """
 
@@ -160,8 +160,14 @@ def build_transfer(
         top_ids[start : start + len(e)] = top_i.int()
         top_values[start : start + len(e)] = top_p
         del x, dense
-    tensors = {"anchors": anchors.int(), "offset": offset, "slope": slope, "top_ids": top_ids, "top_values": top_values}
-    tensors["top_fix"] = top_fix
+    tensors = {
+        "anchors": anchors.int(),
+        "offset": offset,
+        "slope": slope,
+        "top_ids": top_ids,
+        "top_values": top_values,
+        "top_fix": top_fix,
+    }
     return tensors, {"l1_mean": l1.mean().item(), "l1_max": l1.max().item()}
 
 
