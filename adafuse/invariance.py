@@ -34,7 +34,6 @@ import functools
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.masking_utils import (
@@ -167,10 +166,10 @@ def linear_is_row_invariant(model) -> bool:
 def _rows_invariant(module: torch.nn.Linear, generator) -> bool:
     weight = module.weight
     x = torch.randn(max(PROBE_ROWS), weight.shape[1], generator=generator).to(weight.device, weight.dtype)
-    full = F.linear(x, weight, module.bias)
+    full = module.forward(x)  # the layer's own multiply (adafuse/projection.py blocks the output embeddings')
     for rows in PROBE_ROWS:
         for start in {0, max(PROBE_ROWS) - rows}:
-            if not torch.equal(F.linear(x[start : start + rows], weight, module.bias), full[start : start + rows]):
+            if not torch.equal(module.forward(x[start : start + rows]), full[start : start + rows]):
                 return False
     return True
 
@@ -178,21 +177,22 @@ def _rows_invariant(module: torch.nn.Linear, generator) -> bool:
 def split_linear(model) -> None:
     """Give every linear layer of the model a forward that, inside a split pass that asks for it,
     multiplies each request's rows on their own (idempotent, and cheap to repeat: every merged pass asks
-    for it; outside such a pass it is F.linear)."""
+    for it; outside such a pass it is the layer's own forward)."""
     if getattr(model, "_adafuse_split_linear", False):
         return
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and not getattr(module, "_adafuse_split", False):
-            module.forward = functools.partial(_linear, module)
+            module.forward = functools.partial(_linear, module, module.forward)
             module._adafuse_split = True
     model._adafuse_split_linear = True
 
 
-def _linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def _linear(module: torch.nn.Linear, multiply, x: torch.Tensor) -> torch.Tensor:
+    """`multiply` is the layer's forward before it was split: F.linear, or the blocked projection."""
     plan = _PLAN.get()
     if plan is None or not plan.split_linear:
-        return F.linear(x, module.weight, module.bias)
+        return multiply(x)
     out = x.new_zeros(*x.shape[:-1], module.out_features)  # right padding beyond a request: never read
     for s in plan.spans:  # (b_j, n_j, in) as alone: the same rows, so the same kernel
-        out[s.rows, : s.width] = F.linear(x[s.rows, : s.width], module.weight, module.bias)
+        out[s.rows, : s.width] = multiply(x[s.rows, : s.width])
     return out

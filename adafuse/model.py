@@ -27,6 +27,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from adafuse.errors import ConfigError, ContextLengthError, DataError
+from adafuse.projection import block_output_projection
 from adafuse.tokens import TokenBytes, token_bytes
 from adafuse.words import Detokenizer, ends_inside_char
 
@@ -119,6 +120,7 @@ class Member:
         self.name = name
         self.tokenizer = tokenizer
         self.model = model
+        block_output_projection(model)  # the same logits, faster on the CPU (adafuse/projection.py)
         self.chat_template = chat_template
         self.device = model.device
         self.detokenizer = Detokenizer(tokenizer)

@@ -1,0 +1,71 @@
+"""The blocked vocabulary projection (adafuse/projection.py) on the bundled models' real heads: the same
+bits as one F.linear over the whole matrix, for every number of rows a decoder gives it, inside a merged
+pass too; and only on the CPU."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from adafuse.invariance import Span, split_linear, split_pass
+from adafuse.model import Member
+from adafuse.projection import BLOCK_ROWS, MAX_ROWS, block_output_projection
+
+pytestmark = pytest.mark.slow
+
+
+class BlockCount(TorchFunctionMode):
+    """Counts the multiplies by one block of a weight of `vocab` rows, and by the whole of it."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab, self.blocks, self.whole = vocab, 0, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.linear:
+            rows = args[1].shape[0]
+            self.blocks += rows == BLOCK_ROWS
+            self.whole += rows == self.vocab
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["smollm2", "gemma3"])
+def test_the_blocked_projection_gives_the_bits_of_one_multiply(tiny, index):
+    head = tiny.members[index].model.get_output_embeddings()
+    vocab, hidden = head.weight.shape
+    assert head._adafuse_blocked  # every Member blocks its model's head on the CPU
+    generator = torch.Generator().manual_seed(index)
+    for shape in [(1, 1), (1, 2), (3, 1), (1, 5), (2, 4), (1, 33), (4, 32), (1, MAX_ROWS + 1)]:
+        x = torch.randn(*shape, hidden, generator=generator)
+        rows = shape[0] * shape[1]
+        with BlockCount(vocab) as count:
+            got = head(x)
+        assert torch.equal(got, F.linear(x, head.weight, head.bias)), shape
+        blocked = 1 < rows <= MAX_ROWS
+        assert (count.blocks, count.whole) == ((-(-vocab // BLOCK_ROWS), 0) if blocked else (0, 1)), shape
+
+
+def test_a_split_pass_multiplies_each_request_in_blocks(smol):
+    """Inside a merged pass whose linear layers are split per request (adafuse/invariance.py), each
+    request's rows still go through the blocked projection, and give the bits they give alone."""
+    model = smol.model
+    head = model.get_output_embeddings()
+    split_linear(model)  # idempotent: a merged pass of the batching tests may have done it already
+    x = torch.randn(2, 3, head.in_features, generator=torch.Generator().manual_seed(7))
+    spans = [Span(rows=slice(0, 1), length=0, width=3), Span(rows=slice(1, 2), length=0, width=2)]
+    with split_pass(spans, longest=0, split_linear=True), BlockCount(head.out_features) as count:
+        merged = head(x)
+    assert count.blocks == 2 * -(-head.out_features // BLOCK_ROWS) and count.whole == 0
+    assert torch.equal(merged[0], F.linear(x[0], head.weight))
+    assert torch.equal(merged[1, :2], F.linear(x[1, :2], head.weight))
+
+
+def test_a_model_off_the_cpu_keeps_its_head(smol):
+    config = AutoConfig.from_pretrained(smol.model.name_or_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    block_output_projection(model)
+    assert not hasattr(model.get_output_embeddings(), "_adafuse_blocked")
+    Member("meta", smol.tokenizer, model)  # nor does a member of it
+    assert "forward" not in vars(model.get_output_embeddings())
