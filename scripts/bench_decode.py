@@ -18,12 +18,15 @@
    questions of their test file with their prompt, interleaved question by question with our `adafuse`
    and the two single models: wall time per example, the speed-up over their code (goal >= 10x), and
    their `pred` against ours (identical).
+5. `--only projection`: each bundled model's vocabulary projection, multiplied in blocks of its weight's
+   rows (adafuse/projection.py) against one F.linear, interleaved, for 1-64 rows: time and identical bits.
 Prints a table and writes the figures to results/bench/decode.json.
 """
 
 import argparse
 import ctypes
 import ctypes.util
+import functools
 import gc
 import json
 import platform
@@ -37,6 +40,7 @@ from pathlib import Path
 
 import psutil
 import torch
+import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -341,6 +345,38 @@ def compare_with_authors(ens: Ensemble, data_dir: Path, authors_code: Path, coun
     }
 
 
+PROJECTION_ROWS = (1, 2, 3, 5, 8, 16, 32, 64)
+
+
+@torch.inference_mode()
+def compare_projection(ens: Ensemble, repeats: int) -> dict:
+    """Section 5: per model and row count, the best of `repeats` interleaved timings of the blocked
+    projection and of one F.linear, their ratio, and whether the logits are identical."""
+    record = {}
+    for member in ens.members:
+        head = member.model.get_output_embeddings()
+        generator = torch.Generator().manual_seed(0)
+        rows_record = {}
+        for rows in PROJECTION_ROWS:
+            x = torch.randn(rows, head.in_features, generator=generator)
+            ways = {"blocked": head, "f_linear": functools.partial(F.linear, weight=head.weight, bias=head.bias)}
+            seconds = {name: [] for name in ways}
+            for _ in range(repeats):
+                for name, multiply in ways.items():
+                    start = time.perf_counter()
+                    multiply(x)
+                    seconds[name].append(time.perf_counter() - start)
+            best = {name: min(times) for name, times in seconds.items()}
+            rows_record[rows] = {
+                "blocked_ms": 1000 * best["blocked"],
+                "f_linear_ms": 1000 * best["f_linear"],
+                "speedup": best["f_linear"] / best["blocked"],
+                "identical": torch.equal(ways["blocked"](x), ways["f_linear"](x)),
+            }
+        record[member.name] = {"vocab": head.out_features, "hidden": head.in_features, "rows": rows_record}
+    return record
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=BESIDE_CHECKOUT)
@@ -349,7 +385,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument(
-        "--only", choices=["singles", "reference", "batching", "authors"], help="run one section (1, 2, 3 or 4)"
+        "--only",
+        choices=["singles", "reference", "batching", "authors", "projection"],
+        help="run one section (1, 2, 3, 4 or 5)",
     )
     parser.add_argument("--authors-code", type=Path, help="a checkout of CCM0111/AdaFuse (section 4)")
     parser.add_argument("--authors-questions", type=int, default=10, help="NQ questions for section 4")
@@ -370,7 +408,8 @@ def main() -> None:
         "--out", type=Path, help="default: results/bench/decode.json (authors.json with --only authors)"
     )
     args = parser.parse_args()
-    args.out = args.out or ROOT / "results/bench" / ("authors.json" if args.only == "authors" else "decode.json")
+    own_file = {"authors": "authors.json", "projection": "projection.json"}  # sections outside the full run
+    args.out = args.out or ROOT / "results/bench" / own_file.get(args.only, "decode.json")
     torch.set_num_threads(args.threads)
 
     ens = Ensemble.from_config(["smollm2_135m", "gemma3_270m"])
@@ -423,6 +462,15 @@ def main() -> None:
             f"{authors['speedup_over_authors_batch_8']:.1f}x faster; identical preds "
             f"{authors['identical_preds_batch_8']}/{authors['questions']}"
         )
+    if args.only == "projection":
+        print("5. the vocabulary projection: blocked / one F.linear (best of 20, interleaved)", flush=True)
+        record["projection"] = projection = compare_projection(ens, 20)
+        for name, model in projection.items():
+            for rows, row in model["rows"].items():
+                print(
+                    f"    {name:13s} {rows:3d} rows: F.linear {row['f_linear_ms']:6.1f} ms, blocked "
+                    f"{row['blocked_ms']:6.1f} ms, {row['speedup']:.2f}x, identical {row['identical']}"
+                )
     if args.only in (None, "singles"):
         print("1. every method vs the two single models (same prompts, interleaved)", flush=True)
         record["singles"] = singles = compare_with_singles(
