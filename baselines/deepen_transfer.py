@@ -66,8 +66,8 @@ class Transfer:
     Stored: anchors (|A|,) ids of the anchors in this vocabulary; offset, slope (V,); top_ids,
     top_values (V, k): the exact entries of each row's top k; top_fix (V, k): exact minus first-order
     value at those entries (stored, not derived on load: deriving it gathers k anchor embeddings per
-    row, which every process that loads the matrices would repeat). Held from the model: embeddings (V, h), its input
-    embeddings; anchor_dirs (|A|, h), the anchors' unit embeddings.
+    row, which every process that loads the matrices would repeat). Held from the model: embeddings
+    (V, h), its input embeddings; anchor_dirs (|A|, h), the anchors' unit embeddings.
     """
 
     anchors: torch.Tensor

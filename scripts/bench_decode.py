@@ -20,7 +20,8 @@
    their `pred` against ours (identical).
 5. `--only projection`: each bundled model's vocabulary projection, multiplied in blocks of its weight's
    rows (adafuse/projection.py) against one F.linear, interleaved, for 1-64 rows: time and identical bits.
-Prints a table and writes the figures to results/bench/decode.json.
+Prints a table and writes the figures to results/bench/decode.json (sections 4 and 5 alone: authors.json,
+projection.json).
 """
 
 import argparse
@@ -405,7 +406,9 @@ def main() -> None:
     )
     parser.add_argument("--batching-task", choices=[t for t, _, _ in SUITE], help="48 prompts of one task, not the mix")
     parser.add_argument(
-        "--out", type=Path, help="default: results/bench/decode.json (authors.json with --only authors)"
+        "--out",
+        type=Path,
+        help="default: results/bench/decode.json (authors.json, projection.json with --only authors, projection)",
     )
     args = parser.parse_args()
     own_file = {"authors": "authors.json", "projection": "projection.json"}  # sections outside the full run

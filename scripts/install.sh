@@ -13,9 +13,9 @@ $pip --no-deps $TORCH  # torch alone: its own dependencies come with the rest
 $pip uv
 # The rest goes through uv, which resolves, fetches and unpacks in parallel where pip takes one package at
 # a time (README: the times). uv reads none of pip's settings (a private index: set UV_INDEX_URL), so
-# torch is pinned to the build just installed: no dependency can swap it for another. Bytecode is compiled here, as pip does: where
-# PYTHONDONTWRITEBYTECODE is set (this project's CI machines), every process would otherwise compile
-# torch and transformers again when it imports them (12 s each, measured).
+# torch is pinned to the build just installed: no dependency can swap it for another. Bytecode is
+# compiled here, as pip does: where PYTHONDONTWRITEBYTECODE is set (this project's CI machines), every
+# process would otherwise compile torch and transformers again when it imports them (12 s each, measured).
 pin=$(mktemp)
 trap 'rm -f "$pin"' EXIT
 "$VENV/bin/python" -c 'from importlib.metadata import version; print("torch==" + version("torch").split("+")[0])' >"$pin"

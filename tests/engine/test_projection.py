@@ -21,6 +21,7 @@ class BlockCount(TorchFunctionMode):
     def __init__(self, vocab: int):
         super().__init__()
         self.vocab, self.blocks, self.whole = vocab, 0, 0
+        self.per_multiply = -(-vocab // BLOCK_ROWS)  # the blocks of one blocked multiply
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is F.linear:
@@ -43,7 +44,7 @@ def test_the_blocked_projection_gives_the_bits_of_one_multiply(tiny, index):
             got = head(x)
         assert torch.equal(got, F.linear(x, head.weight, head.bias)), shape
         blocked = 1 < rows <= MAX_ROWS
-        assert (count.blocks, count.whole) == ((-(-vocab // BLOCK_ROWS), 0) if blocked else (0, 1)), shape
+        assert (count.blocks, count.whole) == ((count.per_multiply, 0) if blocked else (0, 1)), shape
 
 
 def test_a_split_pass_multiplies_each_request_in_blocks(smol):
@@ -56,7 +57,7 @@ def test_a_split_pass_multiplies_each_request_in_blocks(smol):
     spans = [Span(rows=slice(0, 1), length=0, width=3), Span(rows=slice(1, 2), length=0, width=2)]
     with split_pass(spans, longest=0, split_linear=True), BlockCount(head.out_features) as count:
         merged = head(x)
-    assert count.blocks == 2 * -(-head.out_features // BLOCK_ROWS) and count.whole == 0
+    assert count.blocks == 2 * count.per_multiply and count.whole == 0
     assert torch.equal(merged[0], F.linear(x[0], head.weight))
     assert torch.equal(merged[1, :2], F.linear(x[1, :2], head.weight))
 
