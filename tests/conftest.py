@@ -5,7 +5,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("ADAFUSE_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -25,13 +24,21 @@ def pytest_xdist_auto_num_workers(config) -> int:
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 THREADS = int(os.environ.get("ADAFUSE_TEST_THREADS", max(1, (os.cpu_count() or 1) // WORKERS)))
 os.environ["OMP_NUM_THREADS"] = str(THREADS)
-torch.set_num_threads(THREADS)
 
-# The slow reference's cache-free log-probabilities, remembered for the whole session: many tests run it over
-# the same prompts (a pure function of model and ids; see adafuse/reference.py). Bounded: 512 MiB by default.
-from adafuse import reference  # noqa: E402
 
-reference.MEMO = reference.LogprobMemo(int(os.environ.get("ADAFUSE_TEST_MEMO_MIB", "512")) * 2**20)
+def pytest_configure(config):
+    """torch's threads, and the slow reference's cache-free log-probabilities remembered for the whole
+    session: many tests run it over the same prompts (a pure function of model and ids; see
+    adafuse/reference.py). Bounded: 512 MiB by default. Not in xdist's controller, which runs no test:
+    it starts the workers without first spending seconds importing torch."""
+    if not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no":
+        return  # xdist's controller
+    import torch
+
+    from adafuse import reference
+
+    torch.set_num_threads(THREADS)
+    reference.MEMO = reference.LogprobMemo(int(os.environ.get("ADAFUSE_TEST_MEMO_MIB", "512")) * 2**20)
 
 
 @pytest.fixture(scope="session")
