@@ -6,6 +6,7 @@ span round (proposals, pool, outlier filter, normalisation, winner) is written o
 as the method's docstring reads. Identical text, output ids, pools and winners; NLLs within 1e-4.
 """
 
+import functools
 import math
 
 import pytest
@@ -118,8 +119,17 @@ def test_sweetspan_equals_the_slow_implementation(tiny, tiny_shaped, shared_data
 def test_options_equal_the_slow_implementation(tiny, options, without, at):
     prompt, stop, _ = PROMPTS[at]
     with_option = assert_agree(tiny.members, prompt, stop, 6, SweetSpanConfig(**options))
-    baseline = decode(tiny.members, prompt, SweetSpanConfig(**without), stop=stop, max_new_tokens=6, trace=True)
-    assert spans_of(with_option) != spans_of(baseline), "the option changed no round: the agreement holds without it"
+    baseline = spans_without(tiny, tuple(without.items()), at)
+    assert spans_of(with_option) != baseline, "the option changed no round: the agreement holds without it"
+
+
+@functools.cache
+def spans_without(tiny, without: tuple, at: int) -> list:
+    """The span rounds of PROMPTS[at] under the options `without`, decoded once per worker (two option
+    tests compare with the defaults on the same prompt)."""
+    prompt, stop, _ = PROMPTS[at]
+    cfg = SweetSpanConfig(**dict(without))
+    return spans_of(decode(tiny.members, prompt, cfg, stop=stop, max_new_tokens=6, trace=True))
 
 
 def spans_of(gen) -> list:
