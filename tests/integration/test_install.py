@@ -48,7 +48,7 @@ def test_a_plain_install_ships_the_configs_and_the_entry_points(tmp_path):
             "--no-build-isolation",
             "--target",
             str(site),
-            str(ROOT),
+            str(source),
         ],
         check=True,
         capture_output=True,
