@@ -8,8 +8,12 @@ dimension, so every logit keeps the bits of one F.linear over the whole matrix (
 test_projection.py checks it on both bundled models' heads); only the time changes (README: Speed).
 
 A single row has nothing to share and keeps F.linear; so do more than `MAX_ROWS` rows, where the
-multiply is bound by arithmetic and the blocks' outputs would hold the logits twice. On any other device
-the layer is left alone: a GPU picks its kernels by shape, so a block could round differently.
+multiply is bound by arithmetic and the blocks' outputs would hold the logits twice. So do heads where
+blocks cost more than they save (scripts/bench_decode.py --only projection shows both): bfloat16 ones,
+whose CPU kernels were slower in blocks at every size measured, Gemma-3's real head included; and heads
+with a narrow inner dimension (under `MIN_HIDDEN`: the tests' tiny models), where each block is too
+little work to pay for its call. On any other device the layer is left alone: a GPU picks its kernels
+by shape, so a block could round differently.
 """
 
 import functools
@@ -19,12 +23,15 @@ import torch.nn.functional as F
 
 BLOCK_ROWS = 512
 MAX_ROWS = 128
+MIN_HIDDEN = 256
 
 
 def block_output_projection(model) -> None:
     """Make the model's output embeddings multiply in blocks on the CPU (idempotent)."""
     head = model.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear) or head.weight.device.type != "cpu":
+        return
+    if head.weight.dtype != torch.float32 or head.in_features < MIN_HIDDEN:
         return
     if not getattr(head, "_adafuse_blocked", False):
         head.forward = functools.partial(_blocked, head)

@@ -1,6 +1,6 @@
 """The blocked vocabulary projection (adafuse/projection.py) on the bundled models' real heads: the same
 bits as one F.linear over the whole matrix, for every number of rows a decoder gives it, inside a merged
-pass too; and only on the CPU."""
+pass too; and only where blocks pay: float32 heads of a wide hidden size, on the CPU."""
 
 import pytest
 import torch
@@ -10,9 +10,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from adafuse.invariance import Span, split_linear, split_pass
 from adafuse.model import Member
-from adafuse.projection import BLOCK_ROWS, MAX_ROWS, block_output_projection
-
-pytestmark = pytest.mark.slow
+from adafuse.projection import BLOCK_ROWS, MAX_ROWS, MIN_HIDDEN, block_output_projection
 
 
 class BlockCount(TorchFunctionMode):
@@ -31,6 +29,7 @@ class BlockCount(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", [0, 1], ids=["smollm2", "gemma3"])
 def test_the_blocked_projection_gives_the_bits_of_one_multiply(tiny, index):
     head = tiny.members[index].model.get_output_embeddings()
@@ -47,6 +46,7 @@ def test_the_blocked_projection_gives_the_bits_of_one_multiply(tiny, index):
         assert (count.blocks, count.whole) == ((count.per_multiply, 0) if blocked else (0, 1)), shape
 
 
+@pytest.mark.slow
 def test_a_split_pass_multiplies_each_request_in_blocks(smol):
     """Inside a merged pass whose linear layers are split per request (adafuse/invariance.py), each
     request's rows still go through the blocked projection, and give the bits they give alone."""
@@ -62,6 +62,32 @@ def test_a_split_pass_multiplies_each_request_in_blocks(smol):
     assert torch.equal(merged[1, :2], F.linear(x[1, :2], head.weight))
 
 
+class HeadOnly(torch.nn.Module):
+    def __init__(self, head: torch.nn.Linear):
+        super().__init__()
+        self.lm_head = head
+
+    def get_output_embeddings(self) -> torch.nn.Linear:
+        return self.lm_head
+
+
+@pytest.mark.parametrize(
+    "dtype, hidden, blocked",
+    [(torch.float32, 640, True), (torch.bfloat16, 640, False), (torch.float32, MIN_HIDDEN - 1, False)],
+    ids=["float32", "bfloat16", "narrow"],
+)
+def test_only_wide_float32_heads_are_blocked(dtype, hidden, blocked):
+    model = HeadOnly(torch.nn.Linear(hidden, 2 * BLOCK_ROWS + 3, bias=False, dtype=dtype))
+    block_output_projection(model)
+    assert ("forward" in vars(model.lm_head)) == blocked
+    x = torch.randn(3, hidden, dtype=dtype, generator=torch.Generator().manual_seed(3))
+    with BlockCount(model.lm_head.out_features) as count:
+        got = model.lm_head(x)
+    assert (count.blocks, count.whole) == ((2, 0) if blocked else (0, 1))
+    assert torch.equal(got, F.linear(x, model.lm_head.weight))
+
+
+@pytest.mark.slow
 def test_a_model_off_the_cpu_keeps_its_head(smol):
     config = AutoConfig.from_pretrained(smol.model.name_or_path)
     with torch.device("meta"):
