@@ -9,11 +9,11 @@ test_projection.py checks it on both bundled models' heads); only the time chang
 
 A single row has nothing to share and keeps F.linear; so do more than `MAX_ROWS` rows, where the
 multiply is bound by arithmetic and the blocks' outputs would hold the logits twice. So do heads where
-blocks cost more than they save (scripts/bench_decode.py --only projection shows both): bfloat16 ones,
-whose CPU kernels were slower in blocks at every size measured, Gemma-3's real head included; and heads
-with a narrow inner dimension (under `MIN_HIDDEN`: the tests' tiny models), where each block is too
-little work to pay for its call. On any other device the layer is left alone: a GPU picks its kernels
-by shape, so a block could round differently.
+blocks cost more than they save (README: Speed, the figures): bfloat16 ones, whose CPU kernels were
+slower in blocks at every size measured, Gemma-3's real head included; and heads with a narrow inner
+dimension (under `MIN_HIDDEN`: the tests' tiny models), where each block is too little work to pay for
+its call. On any other device the layer is left alone: a GPU picks its kernels by shape, so a block
+could round differently.
 """
 
 import functools
