@@ -29,38 +29,42 @@ def _utf8_prefix(data: bytes) -> str:
 
 
 class LogprobMemo:
-    """Remembers `RefModel.logprobs` across runs, least recently used first out past `max_bytes`.
+    """Remembers the reference's next-token log-probability rows across runs, least recently used first out
+    past `max_bytes`.
 
-    Log-probabilities are a pure function of the weights, the control tokens (from the tokenizer) and the
-    ids, so an entry is keyed on the model and tokenizer objects (by identity, each held by the entry, so
-    that an id is not reused while it is remembered), the ids and the number of positions. Off unless a
-    caller sets `MEMO` (the test session does: its tests run the reference over the same prompts again and
-    again); scripts/bench_decode.py times the reference without it.
+    A row, log p(. | prefix), is a pure function of the weights, the control tokens (from the tokenizer)
+    and the prefix's ids, so it is keyed on the model and tokenizer objects (by identity, each held by the
+    entry, so that an id is not reused while it is remembered) and the prefix. Off unless a caller sets
+    `MEMO` (the test session does: its tests run the reference over the same prompts again and again);
+    scripts/bench_decode.py times the reference without it.
     """
 
     def __init__(self, max_bytes: int):
         self.max_bytes, self.bytes, self.hits, self.misses = max_bytes, 0, 0, 0
-        self._entries: OrderedDict = OrderedDict()  # key -> (model, tokenizer, tensor)
+        self._entries: OrderedDict = OrderedDict()  # key -> (model, tokenizer, row)
 
-    def get(self, model, tokenizer, ids: tuple[int, ...], last: int, compute) -> torch.Tensor:
-        key = (id(model), id(tokenizer), ids, last)
-        entry = self._entries.get(key)
-        if entry is not None and entry[0] is model and entry[1] is tokenizer:
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return entry[2]
-        self.misses += 1
-        value = compute()
-        size = value.numel() * value.element_size()
-        if size <= self.max_bytes:
-            if entry is not None:  # a stale entry under a reused id
-                self.bytes -= entry[2].numel() * entry[2].element_size()
-            self._entries[key] = (model, tokenizer, value)
-            self.bytes += size
-            while self.bytes > self.max_bytes:
-                _, (_, _, old) = self._entries.popitem(last=False)
-                self.bytes -= old.numel() * old.element_size()
-        return value
+    def get(self, model, tokenizer, prefix: tuple[int, ...]) -> torch.Tensor | None:
+        entry = self._entries.get((id(model), id(tokenizer), prefix))
+        if entry is None or entry[0] is not model or entry[1] is not tokenizer:
+            self.misses += 1
+            return None
+        self._entries.move_to_end((id(model), id(tokenizer), prefix))
+        self.hits += 1
+        return entry[2]
+
+    def put(self, model, tokenizer, prefix: tuple[int, ...], row: torch.Tensor) -> None:
+        size = row.numel() * row.element_size()
+        if size > self.max_bytes:
+            return
+        key = (id(model), id(tokenizer), prefix)
+        stale = self._entries.pop(key, None)  # an entry under a reused id
+        if stale is not None:
+            self.bytes -= stale[2].numel() * stale[2].element_size()
+        self._entries[key] = (model, tokenizer, row)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, (_, _, old) = self._entries.popitem(last=False)
+            self.bytes -= old.numel() * old.element_size()
 
 
 MEMO: LogprobMemo | None = None
@@ -86,7 +90,7 @@ class RefModel:
         self.name = member.name
         added = {i for i, t in self.tokenizer.added_tokens_decoder.items() if t.content.strip() != ""}
         self.control = sorted((added | set(self.tokenizer.all_special_ids)) - set(self.eos_ids))
-        self._next: dict[tuple[int, ...], torch.Tensor] = {}
+        self._rows: dict[tuple[int, ...], torch.Tensor] = {}  # prefix -> log p(. | prefix), this run's
         self._bytes = None
 
     def may_follow(self, word: list[int], token: int) -> bool:
@@ -112,27 +116,43 @@ class RefModel:
 
     @torch.inference_mode()
     def logprobs(self, ids: list[int], last: int) -> torch.Tensor:
-        """log p(x_{i+1} | x_{<=i}) at the last `last` positions i, from one forward pass with no cache.
+        """log p(x_{i+1} | x_{<=i}) at the last `last` positions i, from cache-free forward passes.
 
-        Control tokens get probability zero (spec §2). Only the vocabulary projection is limited to
-        those positions (a 262k vocabulary over a long prompt would take gigabytes); every layer
-        still reads the whole sequence.
+        Row i depends on ids[:i+1] alone (the models are causal), so a row is computed once per prefix, by
+        one forward pass over the whole of the first sequence that asks for it, and then remembered: a
+        candidate's NLL reads the rows that generating it computed. Control tokens get probability zero
+        (spec §2). Only the vocabulary projection is limited to the rows asked for (a 262k vocabulary over
+        a long prompt would take gigabytes); every layer still reads the whole sequence.
         """
-        if MEMO is not None:
-            return MEMO.get(self.model, self.tokenizer, tuple(ids), last, lambda: self._logprobs(ids, last))
-        return self._logprobs(ids, last)
+        prefixes = [tuple(ids[:i]) for i in range(len(ids) - last + 1, len(ids) + 1)]
+        rows = [self._known(prefix) for prefix in prefixes]
+        if any(row is None for row in rows):
+            fresh = self._forward(ids, last)
+            rows = [self._remember(p, new) if row is None else row for p, row, new in zip(prefixes, rows, fresh)]
+        return torch.stack(rows)
 
-    def _logprobs(self, ids: list[int], last: int) -> torch.Tensor:
+    def _known(self, prefix: tuple[int, ...]) -> torch.Tensor | None:
+        row = self._rows.get(prefix)
+        if row is None and MEMO is not None:
+            row = MEMO.get(self.model, self.tokenizer, prefix)
+            if row is not None:
+                self._rows[prefix] = row
+        return row
+
+    def _remember(self, prefix: tuple[int, ...], row: torch.Tensor) -> torch.Tensor:
+        row = self._rows[prefix] = row.clone()  # not a view that would keep the whole forward's rows alive
+        if MEMO is not None:
+            MEMO.put(self.model, self.tokenizer, prefix, row)
+        return row
+
+    def _forward(self, ids: list[int], last: int) -> torch.Tensor:
         ids_t = torch.tensor([ids], device=self.model.device)
         logits = self.model(input_ids=ids_t, use_cache=False, logits_to_keep=last).logits[0].float()
         logits[:, self.control] = float("-inf")
         return torch.log_softmax(logits, dim=-1)
 
     def next_logprobs(self, ids: list[int]) -> torch.Tensor:
-        key = tuple(ids)  # a pure function of the ids: remembering it changes no result, only the time
-        if key not in self._next:
-            self._next[key] = self.logprobs(ids, 1)[-1]
-        return self._next[key]
+        return self.logprobs(ids, 1)[-1]
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

@@ -84,6 +84,25 @@ def test_fast_decoder_equals_reference_past_the_sliding_window(narrow, gemma):
     assert not torch.allclose(narrowed, reference.RefModel(gemma).next_logprobs(ids), atol=1e-2)  # in effect
 
 
+def test_the_reference_computes_each_prefix_row_once_as_a_full_pass_over_it_would(tiny_shaped, monkeypatch):
+    """A candidate's NLL reads the rows that generating it computed (one row per prefix), and a row served
+    that way is the one a cache-free pass over the prefix itself gives."""
+    monkeypatch.setattr(reference, "MEMO", None)
+    m = reference.RefModel(tiny_shaped[1])
+    passes = []
+    forward = m._forward
+    monkeypatch.setattr(m, "_forward", lambda ids, last: passes.append((len(ids), last)) or forward(ids, last))
+    ids = m.encode_prompt("Question: What is the capital of France?\nAnswer:")
+    steps = [m.next_logprobs(ids[:n]) for n in range(len(ids) - 2, len(ids) + 1)]
+    assert passes == [(len(ids) - 2, 1), (len(ids) - 1, 1), (len(ids), 1)]
+    rows = m.logprobs(ids, 3)
+    assert len(passes) == 3 and all(torch.equal(row, step) for row, step in zip(rows, steps))
+    wider = m.logprobs(ids + [ids[-1]], 5)  # three of its rows known: one pass for the other two
+    assert passes[3:] == [(len(ids) + 1, 5)] and torch.equal(wider[1:4], rows)
+    alone = reference.RefModel(tiny_shaped[1])._forward(ids[:-3], 1)[-1]
+    assert torch.allclose(wider[0], alone, atol=1e-5)
+
+
 # Each option changes some round on the first prompt (a stop string); the options that shape words also
 # read the emoji prompt, where a word's tokens end inside a character.
 @pytest.mark.parametrize(
