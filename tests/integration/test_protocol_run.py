@@ -1,25 +1,25 @@
-"""`python run.py protocol=paper` end to end on the bundled pair: its own run directory, the paper's prompt
-file and examples, method=adafuse_code, and paper_* metrics that the predictions reproduce."""
+"""`python run.py task=nq protocol=paper` end to end on the bundled pair, composed and run as run.py does
+it, in the test process (which has the pair loaded): its own run directory, the paper's prompt file and
+examples, method=adafuse_code, and paper_* metrics that the predictions reproduce."""
 
 import json
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
+from conf.compose import compose_run
 from eval.metrics import METRICS
 from eval.paper_metrics import authors_pred
-from tests.conftest import ROOT, SHARED_DATA, THREADS
+from eval.runner import main
+from tests.conftest import SHARED_DATA
 
 pytestmark = pytest.mark.slow
 
 
 def test_run_py_protocol_paper_writes_its_own_run_with_the_papers_scores(tmp_path):
-    command = [sys.executable, str(ROOT / "run.py"), "task=nq", "protocol=paper", "task.limit=2"]
-    command += [f"results_dir={tmp_path}", f"data.dir={SHARED_DATA}", f"threads={THREADS}"]
-    command += ["wandb.mode=disabled", "progress=false"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
+    overrides = ["task=nq", "protocol=paper", "task.limit=2", f"results_dir={tmp_path}", f"data.dir={SHARED_DATA}"]
+    overrides += ["wandb.mode=disabled", "progress=false"]
+    main(compose_run(*overrides), Path(compose_run(*overrides, hydra=True).hydra.run.dir))
 
     run_dir = tmp_path / "nq" / "adafuse_code" / "tiny" / "protocol=paper"
     assert sorted(p.name for p in tmp_path.rglob("metrics.json")) == ["metrics.json"]
