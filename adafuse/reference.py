@@ -106,13 +106,12 @@ class RefModel:
 
     def best(self, logprobs: torch.Tensor, word: list[int], n: int = 1) -> list[int]:
         """The n most probable tokens that may extend `word`, most probable first."""
-        chosen = []
-        for token in torch.sort(logprobs, descending=True).indices.tolist():
-            if self.may_follow(word, token):
-                chosen.append(token)
-                if len(chosen) == n:  # the rest of a 262k vocabulary is never read
-                    break
-        return chosen
+        k = min(len(logprobs), 8 * n)  # not a sort of the whole 262k vocabulary: most tokens may follow
+        while True:
+            chosen = [t for t in logprobs.topk(k).indices.tolist() if self.may_follow(word, t)][:n]
+            if len(chosen) == n or k == len(logprobs):
+                return chosen
+            k = min(len(logprobs), 16 * k)
 
     @torch.inference_mode()
     def logprobs(self, ids: list[int], last: int) -> torch.Tensor:
@@ -230,8 +229,8 @@ def propose(m: RefModel, context: list[int], cfg) -> list[list[RefWord]]:
     here = list(context)
     for _ in range(cfg.fixed_words or cfg.max_words):
         probs = m.next_logprobs(here).exp()
-        top = torch.sort(probs, descending=True)
-        delta = (top.values[0] - top.values[1]).item()
+        top = probs.topk(2).values
+        delta = (top[0] - top[1]).item()
         if cfg.fixed_words is None and delta < cfg.tau:
             if cfg.diversity or cfg.branches == 1:
                 firsts = m.best(m.next_logprobs(here), [], cfg.branches)

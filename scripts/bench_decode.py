@@ -20,8 +20,8 @@
    their `pred` against ours (identical).
 5. `--only projection`: each bundled model's vocabulary projection, multiplied in blocks of its weight's
    rows (adafuse/projection.py) against one F.linear, interleaved, for 1-64 rows: time and identical bits.
-Prints a table and writes the figures to results/bench/decode.json (sections 4 and 5 alone: authors.json,
-projection.json).
+Prints a table and writes the figures to results/bench/decode.json; `--only reference`, `authors` or
+`projection` writes its section alone to reference.json, authors.json or projection.json.
 """
 
 import argparse
@@ -408,10 +408,11 @@ def main() -> None:
     parser.add_argument(
         "--out",
         type=Path,
-        help="default: results/bench/decode.json (authors.json, projection.json with --only authors, projection)",
+        help="default: results/bench/decode.json (reference.json, authors.json, projection.json with --only those)",
     )
     args = parser.parse_args()
-    own_file = {"authors": "authors.json", "projection": "projection.json"}  # sections outside the full run
+    # a section run alone leaves the full run's decode.json as that run wrote it
+    own_file = {"reference": "reference.json", "authors": "authors.json", "projection": "projection.json"}
     args.out = args.out or ROOT / "results/bench" / own_file.get(args.only, "decode.json")
     torch.set_num_threads(args.threads)
 
