@@ -397,7 +397,7 @@ PAPER_PROMPTS = {
 
 
 # The variant, its prompt file and its paper_* scores are the runner's, the same for every method: the
-# ensemble decodes the two shortest paper prompts (under 200 tokens), SmolLM2 alone the long few-shot ones.
+# ensemble decodes two short paper prompts (NQ's and FLORES De-En's, under 200 tokens), SmolLM2 alone the rest.
 PAPER_METHOD = {"nq": "adafuse", "flores_de_en": "adafuse"}
 
 
