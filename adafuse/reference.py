@@ -44,11 +44,12 @@ class LogprobMemo:
         self._entries: OrderedDict = OrderedDict()  # key -> (model, tokenizer, row)
 
     def get(self, model, tokenizer, prefix: tuple[int, ...]) -> torch.Tensor | None:
-        entry = self._entries.get((id(model), id(tokenizer), prefix))
+        key = (id(model), id(tokenizer), prefix)
+        entry = self._entries.get(key)
         if entry is None or entry[0] is not model or entry[1] is not tokenizer:
             self.misses += 1
             return None
-        self._entries.move_to_end((id(model), id(tokenizer), prefix))
+        self._entries.move_to_end(key)
         self.hits += 1
         return entry[2]
 
