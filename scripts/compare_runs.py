@@ -16,14 +16,13 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from conf.schema import register, saved_config
+from eval.paper_metrics import authors_pred
+from eval.results import read_predictions
+from eval.runner import settings_of
+from eval.tasks import Task, _input_text, resolve_data_dir
 
-from conf.schema import register, saved_config  # noqa: E402
-from eval.paper_metrics import authors_pred  # noqa: E402
-from eval.results import read_predictions  # noqa: E402
-from eval.runner import settings_of  # noqa: E402
-from eval.tasks import Task, _input_text, resolve_data_dir  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def load(run_dir: Path) -> dict:

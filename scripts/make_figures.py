@@ -29,12 +29,11 @@ matplotlib.use("Agg")  # files only: no display on a cluster node
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from adafuse.config import AdaFuseConfig
+from eval.bootstrap import RESAMPLES, standard_error, value_on
+from eval.collect import NAMED_KNOBS, Run, runs_of_pair, shared_settings
 
-from adafuse.config import AdaFuseConfig  # noqa: E402
-from eval.bootstrap import RESAMPLES, standard_error, value_on  # noqa: E402
-from eval.collect import NAMED_KNOBS, Run, runs_of_pair, shared_settings  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 log = logging.getLogger("make_figures")
 

@@ -26,11 +26,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from eval.bootstrap import RESAMPLES, Gain, paired_gain, standard_error
+from eval.collect import NAMED_KNOBS, Run, runs_of_pair, shared_settings
 
-from eval.bootstrap import RESAMPLES, Gain, paired_gain, standard_error  # noqa: E402
-from eval.collect import NAMED_KNOBS, Run, runs_of_pair, shared_settings  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 log = logging.getLogger("make_table")
 

@@ -12,12 +12,11 @@ import logging
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from adafuse.errors import AdaFuseError
+from conf.schema import register
+from eval.runner import merge
 
-from adafuse.errors import AdaFuseError  # noqa: E402
-from conf.schema import register  # noqa: E402
-from eval.runner import merge  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> int:

@@ -14,17 +14,14 @@ prepares the models that run would use (`single` uses one member of the pair).
 import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 from hydra.errors import HydraException
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from adafuse.config import ModelConfig  # noqa: E402
-from adafuse.errors import AdaFuseError  # noqa: E402
-from adafuse.loading import model_location  # noqa: E402
-from conf.compose import compose_run  # noqa: E402
-from eval.runner import decoding_models, settings_of  # noqa: E402
+from adafuse.config import ModelConfig
+from adafuse.errors import AdaFuseError
+from adafuse.loading import model_location
+from conf.compose import compose_run
+from eval.runner import decoding_models, settings_of
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = Path(os.environ.get("ADAFUSE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+from tools.paths import SHARED_DATA
 
 # One worker per core, at most 4 (each holds the bundled pair, ~3 GB), and the cores shared among them: a
 # worker's torch, and the run.py processes it starts, take their share (OMP_NUM_THREADS), not every core each.
@@ -35,7 +34,7 @@ def pytest_configure(config):
         return  # xdist's controller
     import torch
 
-    from adafuse import reference
+    from oracles import reference
 
     torch.set_num_threads(THREADS)
     reference.MEMO = reference.LogprobMemo(int(os.environ.get("ADAFUSE_TEST_MEMO_MIB", "512")) * 2**20)
@@ -70,14 +69,11 @@ def gemma(tiny):
     return tiny.members[1]
 
 
-WINDOW = 16  # Gemma-3's sliding window in `narrow` (the real model's: 512)
-
-
 @pytest.fixture(scope="session")
 def narrow(tiny):
     """The embedded pair with Gemma-3's sliding window narrowed to WINDOW tokens (real weights, shared with
     `tiny`): prompts of a few dozen tokens cross the window (tests/engine/helpers.py `narrow_window`)."""
-    from tests.engine.helpers import narrow_window
+    from tools.testing import WINDOW, narrow_window
 
     return [tiny.members[0].clone(), narrow_window(tiny.members[1], WINDOW)]
 
@@ -90,7 +86,7 @@ def tiny_shaped(tiny):
     """The embedded pair in shape: SmolLM2's and Gemma-3's real tokenizers, tiny random weights
     (tests/engine/helpers.py `in_shape`); Gemma's sliding window WINDOW tokens, on sliding layers before
     a full one as in the real model (five, then one). A pass costs milliseconds, not a second."""
-    from tests.engine.helpers import in_shape
+    from tools.testing import WINDOW, in_shape
 
     smol, gemma = tiny.members
     return [
@@ -112,7 +108,7 @@ def paper_pair_dir() -> Path:
     """The paper's pair in shape (real tokenizers, tiny random weights), built once and cached:
     tests/paper_pair.py. It needs llama-models and mistral-common (the `test` extra): without them the
     tests that use it fail, saying so, rather than pass by skipping."""
-    from tests.paper_pair import paper_pair_dir as build
+    from tools.paper_pair import paper_pair_dir as build
 
     try:
         return build()
@@ -127,6 +123,6 @@ def paper_pair(paper_pair_dir):
     Loaded apart from the runner's member cache, so that the runs other tests start keep the tiny pair."""
     from adafuse import Ensemble
     from adafuse.config import ModelConfig
-    from tests.paper_pair import NAMES
+    from tools.paper_pair import NAMES
 
     return Ensemble.from_config([ModelConfig(name=n, path=str(paper_pair_dir / n), dtype="float32") for n in NAMES])

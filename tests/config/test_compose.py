@@ -16,7 +16,7 @@ from adafuse.methods import METHODS as REGISTERED
 from conf.compose import compose_run
 from conf.schema import run_id
 from eval.runner import main, settings_of
-from tests.conftest import ROOT
+from tools.paths import ROOT
 
 PAIRS = sorted(p.stem for p in (ROOT / "conf/model_pair").glob("*.yaml"))
 METHODS = sorted(p.stem for p in (ROOT / "conf/method").glob("*.yaml"))

@@ -29,7 +29,7 @@ from adafuse.methods import METHODS
 from adafuse.session import Request
 from baselines.adafuse_code import AdaFuseCodeConfig
 from eval.paper_metrics import authors_pred
-from tests.engine.helpers import clone, decode
+from tools.testing import clone, decode
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "authors_code"
 TOLERANCE = 1e-4

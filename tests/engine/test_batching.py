@@ -20,9 +20,8 @@ from adafuse.errors import BatchMemoryError
 from adafuse.invariance import PREFIX
 from adafuse.methods import METHODS
 from adafuse.model import PromptStore
-from tests.paper_pair import NAMES
-
-from .helpers import clone
+from tools.paper_pair import NAMES
+from tools.testing import clone
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,7 @@ from adafuse import AdaFuseConfig, SingleConfig
 from adafuse.decode import Word, complete_words, cut_to_char
 from adafuse.errors import NumericsError
 from adafuse.model import Member
-
-from .helpers import clone, decode, nq_prompt
+from tools.testing import clone, decode, nq_prompt
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from adafuse import SingleConfig
-from adafuse.reference import RefModel
-from tests.conftest import ROOT
-from tests.engine.helpers import decode
+from oracles.reference import RefModel
+from tools.paths import ROOT
+from tools.testing import decode
 
 pytestmark = pytest.mark.slow
 

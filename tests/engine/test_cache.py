@@ -4,11 +4,10 @@
 import pytest
 import torch
 
-from adafuse import AdaFuseConfig, reference
+from adafuse import AdaFuseConfig
 from adafuse.model import common_prefix
-from tests.conftest import WINDOW
-
-from .helpers import clone, decode
+from oracles import reference
+from tools.testing import WINDOW, clone, decode
 
 pytestmark = pytest.mark.slow
 

@@ -22,9 +22,9 @@ from adafuse.errors import ConfigError
 from baselines.deepen import DeepenConfig, main_index
 from baselines.deepen_transfer import prepare
 from baselines.vocab import vocabulary_of
-from tests.engine.helpers import clone, decode
+from oracles.token_reference import PARTIAL, RefMember, stopped
 from tests.engine.test_unite import CASES
-from tests.engine.token_reference import PARTIAL, RefMember, stopped
+from tools.testing import clone, decode
 
 pytestmark = pytest.mark.slow
 

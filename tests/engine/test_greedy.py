@@ -6,8 +6,7 @@ from transformers import GenerationConfig
 
 from adafuse import SingleConfig
 from adafuse.words import REPLACEMENT
-
-from .helpers import decode, nq_prompt
+from tools.testing import decode, nq_prompt
 
 pytestmark = pytest.mark.slow
 

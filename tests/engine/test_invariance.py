@@ -11,7 +11,7 @@ from adafuse.batching import Scheduler, can_merge_exactly, decode_many, forward_
 from adafuse.config import ModelConfig
 from adafuse.methods import METHODS
 from tests.engine.test_greedy import hf_greedy
-from tests.paper_pair import NAMES
+from tools.paper_pair import NAMES
 
 pytestmark = pytest.mark.slow
 

@@ -8,14 +8,13 @@ the greedy answers and the NLL ranking are written out below as plainly as the d
 import pytest
 import torch
 
-from adafuse import SingleConfig, reference
+from adafuse import SingleConfig
 from adafuse.errors import ConfigError, UnknownNameError
 from baselines.llm_blender import LLMBlenderConfig
 from baselines.pairrm import load_pairrm
-from tests.engine.helpers import assert_scores_match, decode
+from oracles import reference
 from tests.unit.test_pairrm import write_checkpoint
-
-from .helpers import clone, nq_few_shot_case
+from tools.testing import assert_scores_match, clone, decode, nq_few_shot_case
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from adafuse.model import common_prefix
-from tests.paper_pair import NAMES, script_module
+from tools import make_paper_pair
+from tools.paper_pair import NAMES
 
 LLAMA, MISTRAL = NAMES
 
@@ -267,7 +268,7 @@ def test_a_leading_space_after_the_prompt_is_read_as_the_model_reads_it(paper_pa
 
 def test_random_weights_are_confident_at_some_steps_and_not_at_others(paper_pair):
     """Both kinds of AdaFuse round occur: top-1 minus top-2 >= 0.7 at a fair share of greedy steps."""
-    script = script_module()
+    script = make_paper_pair
     for member in paper_pair.members:
         confident, total = script.confident_share(member.tokenizer, member.model, script.MEASURE_PROMPTS[:2], steps=12)
         assert 0.2 <= confident / total <= 0.8, (member.name, confident, total)
@@ -275,7 +276,7 @@ def test_random_weights_are_confident_at_some_steps_and_not_at_others(paper_pair
 
 def test_the_build_is_deterministic(paper_pair_dir, tmp_path):
     """The same bytes from a second build (Mistral alone: the faster of the two)."""
-    script_module().main([str(tmp_path), "--only", MISTRAL])
+    make_paper_pair.main([str(tmp_path), "--only", MISTRAL])
     for path in sorted((paper_pair_dir / MISTRAL).iterdir()):
         again = tmp_path / MISTRAL / path.name
         assert hashlib.sha256(again.read_bytes()).digest() == hashlib.sha256(path.read_bytes()).digest(), path.name
@@ -289,7 +290,7 @@ def test_qwen3_shape_builds_with_the_hubs_tokenizer_files(tmp_path):
     from adafuse import Ensemble
     from adafuse.config import ModelConfig
 
-    script_module().main([str(tmp_path), "--only", "qwen3_8b"])
+    make_paper_pair.main([str(tmp_path), "--only", "qwen3_8b"])
     path = tmp_path / "qwen3_8b"
     digest = hashlib.sha256((path / "tokenizer.json").read_bytes()).hexdigest()
     assert digest == "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"

@@ -16,9 +16,9 @@ from baselines.llm_blender import LLMBlenderConfig
 from baselines.sweetspan import SweetSpanConfig
 from baselines.unite import UniteConfig
 from tests.engine import test_deepen, test_llm_blender, test_reference_agreement, test_sweetspan, test_unite
-from tests.engine.helpers import decode
 from tests.engine.test_greedy import hf_greedy
-from tests.paper_pair import NAMES
+from tools.paper_pair import NAMES
+from tools.testing import decode
 
 pytestmark = pytest.mark.slow
 

@@ -11,11 +11,9 @@ import functools
 import pytest
 import torch
 
-from adafuse import AdaFuseConfig, Request, reference
-from tests.conftest import WINDOW
-from tests.engine.helpers import assert_scores_match, decode
-
-from .helpers import clone
+from adafuse import AdaFuseConfig, Request
+from oracles import reference
+from tools.testing import WINDOW, assert_scores_match, clone, decode
 
 pytestmark = pytest.mark.slow
 

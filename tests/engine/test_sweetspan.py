@@ -11,11 +11,9 @@ import math
 
 import pytest
 
-from adafuse import reference
 from baselines.sweetspan import SweetSpanConfig
-from tests.engine.helpers import assert_scores_match, decode
-
-from .helpers import clone, nq_few_shot_case
+from oracles import reference
+from tools.testing import assert_scores_match, clone, decode, nq_few_shot_case
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from adafuse import AdaFuseConfig, reference
-from tests.engine.helpers import decode
+from adafuse import AdaFuseConfig
+from oracles import reference
+from tools.testing import decode
 
 pytestmark = pytest.mark.slow
 

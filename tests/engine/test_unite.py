@@ -8,8 +8,8 @@ from adafuse.errors import ConfigError
 from baselines import unite
 from baselines.unite import EOS, UniteConfig, first_subtoken
 from baselines.vocab import vocabulary_of
-from tests.engine.helpers import clone, decode
-from tests.engine.token_reference import RefMember, stopped
+from oracles.token_reference import RefMember, stopped
+from tools.testing import clone, decode
 
 pytestmark = pytest.mark.slow
 

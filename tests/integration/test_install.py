@@ -7,7 +7,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tools.paths import ROOT
 
 PROBE = """
 import sys

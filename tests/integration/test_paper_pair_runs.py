@@ -11,8 +11,8 @@ import pytest
 import eval.runner
 from conf.compose import compose_run
 from eval.runner import main
-from tests.conftest import SHARED_DATA
-from tests.paper_pair import overrides
+from tools.paper_pair import overrides
+from tools.paths import SHARED_DATA
 
 CONTROL_TEXT = re.compile(r"<\|[a-z_0-9]+\|>|\[control_\d+\]|\[/?INST\]|\[TOOL_CALLS\]|</s>|<s>|<unk>")
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.scripts_in_process import run_script
+from tools.run_in_process import run_script
 
 
 @pytest.mark.slow

@@ -21,8 +21,8 @@ from adafuse.errors import ConfigError, ContextLengthError
 from conf.compose import compose_run
 from eval.runner import main
 from eval.tasks import Task
-from tests.conftest import ROOT, SHARED_DATA
-from tests.integration import independent
+from oracles import scorers
+from tools.paths import ROOT, SHARED_DATA
 
 pytestmark = pytest.mark.slow
 
@@ -79,12 +79,12 @@ def first_references(task: str, n: int) -> list[list[str]]:
 
 def scored_as_written(out: Path, metrics: dict) -> dict:
     """Every metric of metrics.json recomputed from the raw predictions that the run wrote, through the
-    hand-written extractors and scorers of tests/integration/independent.py (not eval/); the recomputed
+    hand-written extractors and scorers of tests/integration/scorers.py (not eval/); the recomputed
     corpus values (None: a lenient verdict that only word2number decides)."""
     task = yaml.safe_load((out / "config.yaml").read_text())["task"]
     records = read_predictions(out)
-    corpus, per = independent.recompute(task["metrics"], task["extract"], records)
-    assert [r["answer"] for r in records] == [independent.extracted(task["extract"], r["prediction"]) for r in records]
+    corpus, per = scorers.recompute(task["metrics"], task["extract"], records)
+    assert [r["answer"] for r in records] == [scorers.extracted(task["extract"], r["prediction"]) for r in records]
     got = metrics["metrics"]
     assert set(corpus) <= set(got) and set(got) - set(corpus) <= {"spbleu"}
     for name, value in corpus.items():

@@ -8,7 +8,7 @@ import pytest
 from adafuse.errors import ShardBusyError
 from eval.results import RunDir
 from tests.integration.test_runs import decoded, read_predictions, run_task
-from tests.scripts_in_process import run_script
+from tools.run_in_process import run_script
 
 pytestmark = pytest.mark.slow
 

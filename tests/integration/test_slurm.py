@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, SHARED_DATA
 from tests.integration.test_runs import read_predictions
+from tools.paths import ROOT, SHARED_DATA
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

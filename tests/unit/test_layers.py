@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tools.paths import ROOT
 
 
 def imported_modules(path) -> set[str]:

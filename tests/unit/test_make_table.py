@@ -15,8 +15,8 @@ from conf.compose import compose_run
 from eval.results import RunDir
 from eval.runner import decoding_models, settings_of, summary
 from eval.tasks import Task
-from tests.conftest import SHARED_DATA
-from tests.scripts_in_process import run_script
+from tools.paths import SHARED_DATA
+from tools.run_in_process import run_script
 
 
 def write_run(root: Path, task: str, method: str, correct: list[bool], *overrides: str) -> Path:

@@ -2,7 +2,7 @@
 
 import torch
 
-from adafuse.reference import LogprobMemo
+from oracles.reference import LogprobMemo
 
 
 class Model:

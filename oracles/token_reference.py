@@ -8,7 +8,6 @@ not from baselines/vocab.py.
 """
 
 import torch
-
 from adafuse.reference import RefModel, align, last_word_start
 
 PARTIAL = "\ufffd"

@@ -43,17 +43,17 @@ import psutil
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from adafuse import AdaFuseConfig, Ensemble
+from adafuse.batching import Scheduler, decode_many
+from adafuse.ensemble import resolve_method
+from adafuse.methods import METHODS
+from adafuse.session import Request
+from conf.compose import compose_run
+from conf.schema import DataConf
+from eval.tasks import BESIDE_CHECKOUT, Task
+from oracles import reference
 
-from adafuse import AdaFuseConfig, Ensemble, reference  # noqa: E402
-from adafuse.batching import Scheduler, decode_many  # noqa: E402
-from adafuse.ensemble import resolve_method  # noqa: E402
-from adafuse.methods import METHODS  # noqa: E402
-from adafuse.session import Request  # noqa: E402
-from conf.compose import compose_run  # noqa: E402
-from conf.schema import DataConf  # noqa: E402
-from eval.tasks import BESIDE_CHECKOUT, Task  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 LIBC = ctypes.CDLL(ctypes.util.find_library("c")) if sys.platform == "linux" else None
 
@@ -284,7 +284,7 @@ def compare_with_authors(ens: Ensemble, data_dir: Path, authors_code: Path, coun
     Their code runs in this process through scripts/authors_code.py (models loaded once, not timed, no
     recording); `options` are our knobs, passed to theirs under their flag names. Outputs compared:
     their `pred` against ours (`stats.notes["authors_pred"]`)."""
-    from scripts.authors_code import TASKS, AuthorsCode
+    from tools.authors_code import TASKS, AuthorsCode
 
     test_set, prompt_file = (data_dir / "adafuse_local_datasets" / part for part in TASKS["nq"])
     cfg = METHODS["adafuse_code"].config(**options)

@@ -18,23 +18,21 @@ near-tie: rounding, not a bug, decided it. Writes results/bench/dtypes.json.
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from adafuse import AdaFuseConfig, Ensemble, Request, SingleConfig
+from adafuse.config import ModelConfig
+from adafuse.ensemble import resolve_method
+from baselines.deepen import DeepenConfig
+from baselines.llm_blender import LLMBlenderConfig
+from baselines.sweetspan import SweetSpanConfig
+from baselines.unite import UniteConfig
+from tools import make_paper_pair
+from tools.bench_decode import task_prompts
 
-from adafuse import AdaFuseConfig, Ensemble, Request, SingleConfig  # noqa: E402
-from adafuse.config import ModelConfig  # noqa: E402
-from adafuse.ensemble import resolve_method  # noqa: E402
-from baselines.deepen import DeepenConfig  # noqa: E402
-from baselines.llm_blender import LLMBlenderConfig  # noqa: E402
-from baselines.sweetspan import SweetSpanConfig  # noqa: E402
-from baselines.unite import UniteConfig  # noqa: E402
-from scripts import make_paper_pair  # noqa: E402
-from scripts.bench_decode import task_prompts  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 METHODS = {
     "adafuse": AdaFuseConfig(),

@@ -13,6 +13,8 @@ from conf.compose import compose_run
 from conf.schema import DataConf
 from eval.tasks import Task
 
+WINDOW = 16  # Gemma-3's sliding window in conftest's `narrow` and `tiny_shaped` (the real model's: 512)
+
 
 def decode(members, prompt: str, cfg, **request) -> Generation:
     """Decode `prompt` through the method seam with the method whose knobs `cfg` is; `request` holds

@@ -25,11 +25,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from tools.authors_code import default_cache_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "authors_code"
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from authors_code import default_cache_dir  # noqa: E402
 
 PUNCT = set(string.punctuation)
 MARKERS = ("question:", "note:")

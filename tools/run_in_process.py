@@ -2,15 +2,13 @@
 second import of pandas and torch): its argv, exit status, stdout, and stderr with its log lines."""
 
 import contextlib
-import importlib.util
+import importlib
 import io
 import logging
 import sys
 from dataclasses import dataclass
 
-from tests.conftest import ROOT
-
-_MODULES: dict = {}
+from tools.paths import ROOT
 
 
 @dataclass
@@ -22,11 +20,7 @@ class Done:
 
 def run_script(name: str, *args: str) -> Done:
     path = ROOT / "scripts" / f"{name}.py"
-    if name not in _MODULES:
-        spec = importlib.util.spec_from_file_location(f"_script_{name}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _MODULES[name] = module
+    module = importlib.import_module(f"scripts.{name}")
     out, err = io.StringIO(), io.StringIO()
     root = logging.getLogger()
     handlers, level, argv = root.handlers[:], root.level, sys.argv
@@ -37,7 +31,7 @@ def run_script(name: str, *args: str) -> Done:
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                code = _MODULES[name].main()
+                code = module.main()
             except SystemExit as exit:  # as the interpreter reports it: a message goes to stderr, status 1
                 code = exit.code
                 if code is not None and not isinstance(code, int):

@@ -55,15 +55,14 @@ import traceback
 import types
 from pathlib import Path
 
+import sacrebleu
+from omegaconf import OmegaConf
+
+from conf.schema import register, saved_config
+from eval.metrics import spbleu_available
+from eval.tasks import Task, resolve_data_dir
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import sacrebleu  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from conf.schema import register, saved_config  # noqa: E402
-from eval.metrics import spbleu_available  # noqa: E402
-from eval.tasks import Task, resolve_data_dir  # noqa: E402
 
 AUTHORS_COMMIT = "c7ecc712457f1b0074d798bfd98c37418c774e08"
 FIXTURES = ROOT / "tests" / "fixtures" / "authors_scorers"

@@ -29,15 +29,14 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from adafuse import AdaFuseConfig, Ensemble, Request, SingleConfig
+from adafuse.batching import Scheduler, decode_many
+from adafuse.config import ModelConfig
+from adafuse.methods import METHODS
+from tools import make_paper_pair
+from tools.bench_decode import task_prompts
 
-from adafuse import AdaFuseConfig, Ensemble, Request, SingleConfig  # noqa: E402
-from adafuse.batching import Scheduler, decode_many  # noqa: E402
-from adafuse.config import ModelConfig  # noqa: E402
-from adafuse.methods import METHODS  # noqa: E402
-from scripts import make_paper_pair  # noqa: E402
-from scripts.bench_decode import task_prompts  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 TESTS = [
     "tests/engine/test_reference_agreement.py::test_fast_decoder_equals_reference_on_varied_prompts",
@@ -121,7 +120,8 @@ def bench_sections(out: Path, dry_run: bool, seconds: float) -> dict:
     batching_task = ["--batching-task", "nq"] if dry_run else []
     for section, extra in [("singles", tasks), ("batching", ["--batch-sizes", "1", "8", *batching_task])]:
         target = out.parent / f"gpu_check_{section}.json"
-        command = [sys.executable, "scripts/bench_decode.py", "--only", section, "--scale", scale, "--out", str(target)]
+        only = ["--only", section, "--scale", scale, "--out", str(target)]
+        command = [sys.executable, "-m", "tools.bench_decode", *only]
         started = time.perf_counter()
         done = subprocess.run([*command, *extra], cwd=ROOT, capture_output=True, text=True, timeout=seconds)
         seconds -= time.perf_counter() - started

@@ -22,20 +22,11 @@ straight from tokenizer.json, and loading with legacy=True gives the same ids
 (tests/engine/test_paper_pair.py).
 """
 
-import importlib.util
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tools import make_paper_pair
 
-SCRIPT = ROOT / "scripts" / "make_paper_pair.py"
 NAMES = ("llama31_8b_instruct", "mistral7b_instruct_v03")
-
-
-def script_module():
-    spec = importlib.util.spec_from_file_location("make_paper_pair", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def paper_pair_dir(cache_dir: Path | None = None) -> Path:
@@ -43,7 +34,7 @@ def paper_pair_dir(cache_dir: Path | None = None) -> Path:
 
     Raises SystemExit (from the script) when llama-models or mistral-common is not installed.
     """
-    return script_module().cached(cache_dir)
+    return make_paper_pair.cached(cache_dir)
 
 
 def overrides(root: Path) -> list[str]:
