@@ -1,6 +1,9 @@
+"""What the tests share that is neither a fixture (tests/conftest.py) nor an oracle (oracles/): decoding
+through the method seam, member stand-ins (a narrowed sliding window, the real tokenizers over tiny random
+weights), the harness's NQ prompts, the token-level methods' prompts, and a hand-made tokenizer."""
+
 import copy
 
-import pytest
 import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
@@ -21,14 +24,6 @@ def decode(members, prompt: str, cfg, **request) -> Generation:
     the Request's other fields (stop, max_new_tokens, trace)."""
     spec, cfg = resolve_method(cfg, {})
     return spec.generate(members, Request(prompt, **request), cfg)
-
-
-def assert_scores_match(fast_scores, slow_scores) -> None:
-    """A fast Score list equals the reference's (base, ids, skip, nll) tuples; NLLs within 1e-4."""
-    assert len(fast_scores) == len(slow_scores)
-    for fs, (base, ids, skip, value) in zip(fast_scores, slow_scores):
-        assert (fs.base, fs.ids, fs.skip) == (base, ids, skip)
-        assert fs.nll == pytest.approx(value, abs=1e-4)
 
 
 def clone(member: Member) -> Member:
@@ -102,3 +97,29 @@ def in_shape(member: Member, seed: int, layers: int, kv_heads: int, **config) ->
         )
     model.generation_config = copy.deepcopy(member.model.generation_config)
     return Member(f"{member.name}_in_shape", member.tokenizer, model, member.chat_template)
+
+
+# The token-level methods' prompts (UniTE's and DeePEn's checks against their oracles): (prompt, stop, max_new_tokens)
+TOKEN_METHOD_CASES = [
+    ("Question: What is the capital of France?\nAnswer:", ["\n"], 10),  # an answer that ends at a newline
+    ("Englisch: The old house is very small.\nDeutsch:", ["\n"], 12),  # German output
+    ("Die größte Stadt in Österreich ist", [], 8),  # German prompt with umlauts
+    ("The sum of 128 and 256 is", [], 8),  # digits
+    ("A short list of fruits:\n1.", [], 12),  # newlines inside the output
+]
+
+
+class FakeAdded:
+    def __init__(self, content: str):
+        self.content = content
+
+
+class FakeTokenizer:
+    """Just what Vocabulary.build reads: get_vocab() and added_tokens_decoder."""
+
+    def __init__(self, pieces: list[str], added: dict[int, str] | None = None):
+        self.pieces = {p: i for i, p in enumerate(pieces)}
+        self.added_tokens_decoder = {i: FakeAdded(c) for i, c in (added or {}).items()}
+
+    def get_vocab(self):
+        return dict(self.pieces)

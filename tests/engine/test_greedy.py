@@ -1,11 +1,10 @@
 """method=single must equal transformers' own greedy decode() token for token."""
 
 import pytest
-import torch
-from transformers import GenerationConfig
 
 from adafuse import SingleConfig
 from adafuse.words import REPLACEMENT
+from oracles.greedy import hf_greedy
 from tools.testing import decode, nq_prompt
 
 pytestmark = pytest.mark.slow
@@ -20,19 +19,6 @@ PROMPTS = [
     "Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nLet's think step by step\n",
     "def add(a, b):\n    return",
 ]
-
-
-def hf_greedy(member, prompt: str, budget: int) -> list[int]:
-    """transformers' own greedy decoding with the model's own generation config (its eos ids included:
-    never the set under test), the final eos dropped as `single` drops it."""
-    ids = torch.tensor([member.encode(prompt)], device=member.device)
-    config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=budget)
-    with torch.inference_mode():
-        out = member.model.generate(ids, generation_config=config, attention_mask=torch.ones_like(ids))
-    eos = member.model.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos])
-    new = out[0, ids.shape[1] :].tolist()
-    return new[:-1] if new and new[-1] in eos else new
 
 
 # The real models read a stop-string question, CJK and a reasoning chain; their stand-ins in shape (conftest

@@ -10,7 +10,7 @@ from adafuse import Ensemble, Request, SingleConfig
 from adafuse.batching import Scheduler, can_merge_exactly, decode_many, forward_together
 from adafuse.config import ModelConfig
 from adafuse.methods import METHODS
-from tests.engine.test_greedy import hf_greedy
+from oracles.greedy import hf_greedy
 from tools.paper_pair import NAMES
 
 pytestmark = pytest.mark.slow

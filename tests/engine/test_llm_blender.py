@@ -12,9 +12,9 @@ from adafuse import SingleConfig
 from adafuse.errors import ConfigError, UnknownNameError
 from baselines.llm_blender import LLMBlenderConfig
 from baselines.pairrm import load_pairrm
-from oracles import reference
-from tests.unit.test_pairrm import write_checkpoint
-from tools.testing import assert_scores_match, clone, decode, nq_few_shot_case
+from oracles.llm_blender import assert_llm_blender_agrees
+from tools.pairrm_checkpoint import write_checkpoint
+from tools.testing import clone, decode, nq_few_shot_case
 
 pytestmark = pytest.mark.slow
 
@@ -29,71 +29,16 @@ PROMPTS = [
 ]
 
 
-def slow_greedy(m: reference.RefModel, prompt_ids: list[int], stop, budget) -> str:
-    """method=single without a cache: argmax of the raw distribution, control tokens left out of the text."""
-    generated, text = [], ""
-    while len(generated) < budget:
-        with torch.inference_mode():
-            ids = torch.tensor([prompt_ids + generated])
-            logits = m.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1]
-        token = int(logits.argmax())
-        if token in m.eos_ids:
-            break
-        generated.append(token)
-        shown = m.text(prompt_ids, [t for t in generated if t not in m.control])
-        if shown.endswith(reference.PARTIAL):
-            continue
-        text = shown
-        hits = [text.find(s) for s in stop if s in text]
-        if hits:
-            return text[: min(hits)]
-    return text
-
-
-def slow_blender(members, prompt: str, stop, budget):
-    """(answers, candidates, fused scores or None, chosen member, per-member (base, ids, skip, nll))."""
-    run = reference.RefRun(members, prompt)  # each answer is read after the prompt, as a foreign candidate
-    answers = [slow_greedy(m, c, stop, budget) for m, c in zip(run.models, run.contexts)]
-    candidates = list(dict.fromkeys(answers))
-    readable = [c for c in candidates if c]
-    if len(readable) < 2:  # nothing to rank: the first non-empty answer, else member 0's
-        return answers, candidates, None, answers.index(readable[0]) if readable else 0, None
-    table = [[] for _ in run.models]  # table[member][candidate]
-    for c in candidates:
-        cand = reference.RefCandidate(c, False)
-        if c:
-            run.score(cand)
-        for k, row in enumerate(table):
-            row.append(cand.scores[k] if c else (0, [], 0, float("inf")))
-    fused = [sum(row[i][3] for row in table) / len(run.models) for i in range(len(candidates))]
-    best = min(range(len(candidates)), key=lambda i: fused[i])
-    return answers, candidates, fused, answers.index(candidates[best]), table
-
-
-def assert_agree(members, prompt, stop, budget):
-    fast = decode(members, prompt, LLMBlenderConfig(), stop=stop, max_new_tokens=budget, trace=True)
-    answers, candidates, fused, chosen, table = slow_blender(members, prompt, stop, budget)
-    (ranking,) = fast.trace.steps
-    assert ranking.ranker == "nll"
-    assert ranking.answers == answers and ranking.candidates == candidates
-    assert ranking.chosen == chosen and fast.text == answers[chosen]
-    if fused is not None:
-        assert ranking.scores == pytest.approx(fused, abs=1e-4)
-        for fast_row, slow_row in zip(ranking.nll, table):
-            assert_scores_match(fast_row, slow_row)
-    return fast
-
-
 def test_llm_blender_equals_the_slow_implementation(tiny, tiny_shaped, shared_data):
     """The real pair on a stop-string answer, German and the paper's NQ few-shot prompt; every prompt on
     the pair in shape (conftest `tiny_shaped`), whose members never agree."""
     ranked = 0
     for prompt, stop, budget in [PROMPTS[0], PROMPTS[2], nq_few_shot_case(shared_data, 10)]:
-        gen = assert_agree(tiny.members, prompt, stop, budget)
+        gen = assert_llm_blender_agrees(tiny.members, prompt, stop, budget)
         ranked += gen.trace.steps[0].nll != []
     assert ranked == 3  # the members disagree on each, so the ranking decides
     for prompt, stop, budget in PROMPTS:
-        gen = assert_agree(tiny_shaped, prompt, stop, budget)
+        gen = assert_llm_blender_agrees(tiny_shaped, prompt, stop, budget)
         assert gen.trace.steps[0].nll != []
 
 
@@ -110,7 +55,7 @@ def test_each_answer_is_method_single_output(tiny):
 
 def test_three_members(tiny):
     members = [clone(tiny.members[i]) for i in (0, 1, 0)]  # the pair plus SmolLM2 again
-    gen = assert_agree(members, *PROMPTS[4])
+    gen = assert_llm_blender_agrees(members, *PROMPTS[4])
     assert gen.trace.steps[0].answers[0] == gen.trace.steps[0].answers[2]
     assert len(gen.trace.steps[0].candidates) <= 2
 

@@ -15,8 +15,12 @@ from baselines.deepen import DeepenConfig
 from baselines.llm_blender import LLMBlenderConfig
 from baselines.sweetspan import SweetSpanConfig
 from baselines.unite import UniteConfig
-from tests.engine import test_deepen, test_llm_blender, test_reference_agreement, test_sweetspan, test_unite
-from tests.engine.test_greedy import hf_greedy
+from oracles.agreement import assert_adafuse_agrees, exercised
+from oracles.deepen import assert_deepen_agrees
+from oracles.greedy import hf_greedy
+from oracles.llm_blender import assert_llm_blender_agrees
+from oracles.sweetspan import assert_sweetspan_agrees
+from oracles.unite import slow_unite
 from tools.paper_pair import NAMES
 from tools.testing import decode
 
@@ -45,8 +49,8 @@ def paper_pair_bf16(paper_pair_dir):
 def test_adafuse_agrees_with_the_reference(paper_pair):
     rounds = foreign = 0
     for prompt, stop, budget in PROMPTS:
-        gen = test_reference_agreement.assert_agree(paper_pair.members, prompt, stop, budget, AdaFuseConfig())
-        counts = test_reference_agreement.exercised(gen)
+        gen = assert_adafuse_agrees(paper_pair.members, prompt, stop, budget, AdaFuseConfig())
+        counts = exercised(gen)
         rounds, foreign = rounds + counts[0], foreign + counts[1]
     assert rounds >= 2 * len(PROMPTS) and foreign >= 1
 
@@ -54,7 +58,7 @@ def test_adafuse_agrees_with_the_reference(paper_pair):
 def test_unite_agrees_with_the_reference(paper_pair):
     for prompt, stop, budget in PROMPTS:
         gen = decode(paper_pair.members, prompt, UniteConfig(), stop=stop, max_new_tokens=budget)
-        text, reason, ids = test_unite.reference(paper_pair.members, prompt, 10, [0.5, 0.5], stop, budget)
+        text, reason, ids = slow_unite(paper_pair.members, prompt, 10, [0.5, 0.5], stop, budget)
         assert (gen.text, gen.stats.stop_reason, gen.ids) == (text, reason, ids), prompt
 
 
@@ -62,17 +66,17 @@ def test_unite_agrees_with_the_reference(paper_pair):
 def test_deepen_agrees_with_the_reference(paper_pair, main, tmp_path):
     cfg = DeepenConfig(main=main, cache_dir=str(tmp_path), **DEEPEN)
     for prompt, stop, budget in PROMPTS[:4]:
-        test_deepen.same_as_reference(paper_pair.members, prompt, cfg, stop, budget)
+        assert_deepen_agrees(paper_pair.members, prompt, cfg, stop, budget)
 
 
 def test_sweetspan_agrees_with_the_reference(paper_pair):
     for prompt, stop, budget in PROMPTS:
-        test_sweetspan.assert_agree(paper_pair.members, prompt, stop, budget, SweetSpanConfig())
+        assert_sweetspan_agrees(paper_pair.members, prompt, stop, budget, SweetSpanConfig())
 
 
 def test_llm_blender_agrees_with_the_reference(paper_pair):
     for prompt, stop, budget in PROMPTS:
-        test_llm_blender.assert_agree(paper_pair.members, prompt, stop, budget)
+        assert_llm_blender_agrees(paper_pair.members, prompt, stop, budget)
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=NAMES)

@@ -11,9 +11,10 @@ import functools
 import pytest
 import torch
 
-from adafuse import AdaFuseConfig, Request
+from adafuse import AdaFuseConfig
 from oracles import reference
-from tools.testing import WINDOW, assert_scores_match, clone, decode
+from oracles.agreement import assert_adafuse_agrees, exercised
+from tools.testing import WINDOW, clone, decode
 
 pytestmark = pytest.mark.slow
 
@@ -34,21 +35,6 @@ PROMPTS = [
 ]
 
 
-def assert_agree(members, prompt, stop, budget, cfg):
-    fast = decode(members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
-    slow_text, rounds, slow_ids = reference.generate(members, Request(prompt, stop, budget), cfg)
-    assert fast.text == slow_text
-    assert fast.ids == slow_ids
-    assert len(fast.trace.rounds) == len(rounds)
-    for r, (pool, winner) in zip(fast.trace.rounds, rounds):
-        assert [(c.text, c.eos, c.proposers) for c in r.candidates] == [(c.text, c.eos, c.proposers) for c in pool]
-        assert r.winner == winner
-        for fc, rc in zip(r.candidates, pool):
-            assert_scores_match(fc.scores, rc.scores)
-            assert fc.fused == pytest.approx(rc.fused, abs=1e-4)
-    return fast
-
-
 # The real pair reads three kinds (a stop string, umlauts, CJK) and, in the option checks below, the emoji;
 # the pair in shape reads every kind: its random text crosses scripts and characters at every step.
 ON_THE_REAL_PAIR = [PROMPTS[0], PROMPTS[3], PROMPTS[5]]
@@ -57,13 +43,13 @@ ON_THE_REAL_PAIR = [PROMPTS[0], PROMPTS[3], PROMPTS[5]]
 @pytest.mark.parametrize("case", ON_THE_REAL_PAIR, ids=lambda c: c[0][:20])
 def test_fast_decoder_equals_reference_on_varied_prompts(tiny, case):
     prompt, stop, budget = case
-    assert_agree(tiny.members, prompt, stop, budget, AdaFuseConfig())
+    assert_adafuse_agrees(tiny.members, prompt, stop, budget, AdaFuseConfig())
 
 
 def test_fast_decoder_equals_reference_on_every_kind_of_prompt_in_shape(tiny_shaped):
     rounds = foreign = cut_backs = 0
     for prompt, stop, budget in PROMPTS:
-        counts = exercised(assert_agree(tiny_shaped, prompt, stop, budget, AdaFuseConfig()))
+        counts = exercised(assert_adafuse_agrees(tiny_shaped, prompt, stop, budget, AdaFuseConfig()))
         rounds, foreign, cut_backs = rounds + counts[0], foreign + counts[1], cut_backs + counts[2]
     assert rounds > len(PROMPTS) and foreign >= 1 and cut_backs >= 1, (rounds, foreign, cut_backs)
 
@@ -75,7 +61,7 @@ def test_fast_decoder_equals_reference_past_the_sliding_window(narrow, gemma):
         "Question: A pen costs 3 dollars and a notebook costs 5 dollars. How much do 4 pens and 2 notebooks "
         "cost together?\nLet's think step by step\n"
     )
-    gen = assert_agree(narrow, prompt, ["\n\nQuestion:"], 5, AdaFuseConfig())
+    gen = assert_adafuse_agrees(narrow, prompt, ["\n\nQuestion:"], 5, AdaFuseConfig())
     ids = gen.trace.prompt_ids[1]
     assert len(ids) > WINDOW
     narrowed = reference.RefModel(narrow[1]).next_logprobs(ids)
@@ -119,7 +105,7 @@ def test_the_reference_computes_each_prefix_row_once_as_a_full_pass_over_it_woul
 def test_options_agree_with_reference(tiny, options, prompts):
     for i in prompts:
         prompt, stop, _ = PROMPTS[i]
-        with_option = assert_agree(tiny.members, prompt, stop, 4, AdaFuseConfig(**options))
+        with_option = assert_adafuse_agrees(tiny.members, prompt, stop, 4, AdaFuseConfig(**options))
         assert rounds_of(with_option) != without_options(tiny, i), f"{options} changed no round of {prompt!r}"
 
 
@@ -143,7 +129,7 @@ def rounds_of(gen) -> list:
 def test_ensembles_of_one_to_four_models_agree_with_reference(tiny_shaped, order):
     members = [clone(tiny_shaped[i]) for i in order]  # own context and cache, shared weights
     prompt, stop, _ = PROMPTS[9]
-    assert_agree(members, prompt, stop, 4, AdaFuseConfig())
+    assert_adafuse_agrees(members, prompt, stop, 4, AdaFuseConfig())
 
 
 # Prompts that end in a space, a newline and a blank line: the boundary re-tokenises, and a member's
@@ -153,17 +139,6 @@ LONG_PROMPTS = [
     "List three colors:\n",
     "Question: Name three German cities.\nAnswer:\n\n",
 ]
-
-
-def exercised(gen) -> tuple[int, int, int]:
-    """(rounds, rounds won by a candidate some member did not propose and then continued, cut-backs)."""
-    foreign = cut_backs = 0
-    last = len(gen.trace.rounds) - 1
-    for i, (contexts, rnd) in enumerate(zip(gen.trace.contexts(), gen.trace.rounds)):
-        won = rnd.candidates[rnd.winner]
-        foreign += i < last and len(won.proposers) < len(contexts)
-        cut_backs += sum(s.base < len(contexts[k]) for c in rnd.candidates for k, s in enumerate(c.scores))
-    return len(gen.trace.rounds), foreign, cut_backs
 
 
 # Twelve tokens are six rounds or more on each prompt, with foreign winners and cut-backs among them (on the
@@ -177,7 +152,7 @@ def exercised(gen) -> tuple[int, int, int]:
 def test_long_generations_agree_with_reference_through_cut_backs_and_foreign_winners(tiny, diversity, prompts):
     rounds = foreign = cut_backs = 0
     for prompt in prompts:
-        gen = assert_agree(tiny.members, prompt, [], 12, AdaFuseConfig(diversity=diversity))
+        gen = assert_adafuse_agrees(tiny.members, prompt, [], 12, AdaFuseConfig(diversity=diversity))
         counts = exercised(gen)
         rounds, foreign, cut_backs = rounds + counts[0], foreign + counts[1], cut_backs + counts[2]
     assert rounds >= 6 * len(prompts) and foreign >= 1 and cut_backs >= 1, (rounds, foreign, cut_backs)
@@ -188,5 +163,5 @@ def test_chat_template_members_agree_with_reference(tiny_shaped):
     smol_chat.chat_template = True
     members = [smol_chat, clone(tiny_shaped[1])]  # SmolLM2 reads its ChatML rendering; Gemma has no template
     for prompt, stop, _ in [PROMPTS[0], PROMPTS[3]]:
-        gen = assert_agree(members, prompt, stop, 4, AdaFuseConfig())
+        gen = assert_adafuse_agrees(members, prompt, stop, 4, AdaFuseConfig())
         assert gen.trace.prompt_ids[0][:1] == smol_chat.tokenizer.convert_tokens_to_ids(["<|im_start|>"])

@@ -8,73 +8,16 @@ from adafuse.errors import ConfigError
 from baselines import unite
 from baselines.unite import EOS, UniteConfig, first_subtoken
 from baselines.vocab import vocabulary_of
-from oracles.token_reference import RefMember, stopped
-from tools.testing import clone, decode
+from oracles.unite import slow_unite
+from tools.testing import TOKEN_METHOD_CASES, clone, decode
 
 pytestmark = pytest.mark.slow
 
-CASES = [  # (prompt, stop, max_new_tokens)
-    ("Question: What is the capital of France?\nAnswer:", ["\n"], 10),  # an answer that ends at a newline
-    ("Englisch: The old house is very small.\nDeutsch:", ["\n"], 12),  # German output
-    ("Die größte Stadt in Österreich ist", [], 8),  # German prompt with umlauts
-    ("The sum of 128 and 256 is", [], 8),  # digits
-    ("A short list of fruits:\n1.", [], 12),  # newlines inside the output
-]
 
-
-def reference(members, prompt: str, k: int, weights, stop=(), max_new_tokens: int = 16):
-    """UniTE as the research notes describe it, plainly: (text, stop reason, each member's output ids)."""
-    refs = [RefMember(m, prompt) for m in members]
-    text = ""
-    while True:
-        dists = [r.logprobs() for r in refs]
-        tops = []
-        for r, lp in zip(refs, dists):
-            entries = {}
-            for i in lp.argsort(descending=True).tolist():
-                if lp[i] == float("-inf") or len(entries) == k:
-                    break
-                if i in r.eos_ids:
-                    entries.setdefault(EOS, i)
-                elif r.texts()[i] is not None:
-                    entries.setdefault(r.texts()[i], i)
-            tops.append(entries)
-        union = []
-        for top in tops:
-            union += [e for e in top if e not in union]
-        fused = [0.0] * len(union)
-        for r, lp, w in zip(refs, dists, weights):
-            p = lp.exp()
-            raw = []
-            for e in union:
-                if e is EOS:
-                    raw.append(max(p[i].item() for i in r.eos_ids))
-                elif e in r.ids_by_text():  # every id whose text is e
-                    raw.append(sum(p[i].item() for i in r.ids_by_text()[e]))
-                else:
-                    ids = r.m.encode_text(e, specials=False)
-                    first = next((i for i in ids if r.texts()[i] != " "), ids[0])
-                    raw.append(p[first].item())
-            for j, v in enumerate(raw):
-                fused[j] += w * v / sum(raw)
-        best = max(fused)
-        winner = union[fused.index(best)]
-        if winner is EOS:
-            return text, "eos", [r.generated() for r in refs]
-        for r, top in zip(refs, tops):
-            if winner in top:
-                r.add_own([top[winner]], text + winner)
-            else:
-                r.add_text(text, winner)
-        text, reason = stopped(text + winner, stop, refs, max_new_tokens)
-        if reason:
-            return text, reason, [r.generated() for r in refs]
-
-
-@pytest.mark.parametrize("prompt, stop, budget", CASES)
+@pytest.mark.parametrize("prompt, stop, budget", TOKEN_METHOD_CASES)
 def test_unite_equals_the_plain_reference(tiny, prompt, stop, budget):
     gen = decode(tiny.members, prompt, UniteConfig(), stop=stop, max_new_tokens=budget)
-    text, reason, ids = reference(tiny.members, prompt, 10, [0.5, 0.5], stop, budget)
+    text, reason, ids = slow_unite(tiny.members, prompt, 10, [0.5, 0.5], stop, budget)
     assert (gen.text, gen.stats.stop_reason) == (text, reason)
     assert gen.ids == ids
     for m in tiny.members:
@@ -126,7 +69,7 @@ def test_three_members_with_a_clone_match_the_reference(tiny, smol):
     prompt = "Question: Who wrote Hamlet?\nAnswer:"
     cfg = UniteConfig(weights=[0.25, 0.5, 0.25])
     gen = decode(members, prompt, cfg, stop=["\n"], max_new_tokens=8)
-    text, reason, ids = reference(members, prompt, 10, [0.25, 0.5, 0.25], ["\n"], 8)
+    text, reason, ids = slow_unite(members, prompt, 10, [0.25, 0.5, 0.25], ["\n"], 8)
     assert (gen.text, gen.stats.stop_reason, gen.ids) == (text, reason, ids)
     assert gen.ids[0] == gen.ids[2] and len(gen.stats.forward_passes) == 3
 

@@ -23,37 +23,11 @@ from eval.runner import main
 from eval.tasks import Task
 from oracles import scorers
 from tools.paths import ROOT, SHARED_DATA
+from tools.runs import decoded, read_predictions, run_task
 
 pytestmark = pytest.mark.slow
 
 TASKS = ["nq", "triviaqa", "squad", "gsm8k", "flores_en_de", "flores_de_en"]
-# Short budgets keep CI fast; QA answers fit, GSM8K chains and translations are cut (scored as they are).
-BUDGET = {"gsm8k": 8, "flores_en_de": 8, "flores_de_en": 8}
-
-
-def run_task(task: str, method: str, out: Path, *extra: str) -> dict | None:
-    overrides = [
-        f"task={task}",
-        f"method={method}",
-        "task.limit=5",
-        f"data.dir={SHARED_DATA}",
-        "wandb.mode=disabled",
-        "progress=false",
-    ]
-    if task in BUDGET:
-        overrides.append(f"task.max_new_tokens={BUDGET[task]}")
-    return main(compose_run(*overrides, *extra), out)
-
-
-def read_predictions(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
-
-
-def decoded(record: dict) -> dict:
-    """A record without its timing, nor tokens_fed: how much of the prompt a model reads depends on what
-    it read last (a shared prefix is read once), so on which examples this process decoded before."""
-    varies = ("seconds", "run_seconds", "tokens_fed")
-    return {**record, "stats": {k: v for k, v in record["stats"].items() if k not in varies}}
 
 
 def first_references(task: str, n: int) -> list[list[str]]:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_runs import read_predictions
 from tools.paths import ROOT, SHARED_DATA
+from tools.runs import read_predictions
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

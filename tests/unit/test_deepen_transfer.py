@@ -14,7 +14,7 @@ import baselines.deepen_transfer as deepen_transfer
 from adafuse.errors import ConfigError
 from baselines.deepen import DeepenConfig
 from baselines.deepen_transfer import build_transfer, dense_transfer_rows, prepare, write_atomic
-from tests.unit.test_vocab import FakeTokenizer
+from tools.testing import FakeTokenizer
 
 PIECES_A = ["<eos>", "Ġthe", "Ġcat", "Ġsat", "Ġon", "Ġmat", "Ċ", "a", "b", "c", "Ġdog", "Ġran", "x", "y"]
 PIECES_B = ["<eos>", "▁the", "▁cat", "▁sat", "▁on", "▁mat", "<0x0A>", "a", "b", "c", "▁bird", "z", "w"]

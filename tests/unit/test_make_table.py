@@ -4,41 +4,12 @@
 import csv
 import json
 import math
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from adafuse.trace import Stats
-from conf.compose import compose_run
-from eval.results import RunDir
-from eval.runner import decoding_models, settings_of, summary
-from eval.tasks import Task
-from tools.paths import SHARED_DATA
 from tools.run_in_process import run_script
-
-
-def write_run(root: Path, task: str, method: str, correct: list[bool], *overrides: str) -> Path:
-    """A finished run of `task` whose example k is answered right iff correct[k], as the runner writes it."""
-    cfg = compose_run(
-        f"task={task}", f"method={method}", f"task.limit={len(correct)}", f"data.dir={SHARED_DATA}", *overrides
-    )
-    settings = settings_of(cfg)
-    task_ = Task(settings.task, settings.data)
-    run_id = ",".join(overrides) or "default"
-    out = RunDir(root / task / method / "tiny" / run_id, OmegaConf.to_container(cfg, resolve=True))
-    for example, right in zip(task_.examples, correct, strict=True):
-        prediction = example.references[0] if right else "no idea"
-        answer, scores = task_.score(example, prediction)
-        stats = Stats("stop", 2, [1, 2], [3, 3], [4, 4], [2, 2], 0.5)
-        out.append(
-            {"id": example.id, "prompt": "", "prediction": prediction, "answer": answer}
-            | {"references": example.references, "scores": scores, "stats": asdict(stats)}
-        )
-    records = [out.records[ex.id] for ex in task_.examples]
-    out.write_metrics(summary(task_, records, settings, decoding_models(settings)))
-    return out.path
+from tools.runs import pattern, write_run
 
 
 def make_table(results: Path, *args: str) -> dict[tuple[str, str], dict]:
@@ -48,10 +19,6 @@ def make_table(results: Path, *args: str) -> dict[tuple[str, str], dict]:
     stem = "table1_paper" if "paper" in args else "table1"
     with open(results / f"{stem}.csv") as f:
         return {(line["row"], line["task"]): line for line in csv.DictReader(f)}
-
-
-def pattern(n: int, every: int) -> list[bool]:
-    return [k % every == 0 for k in range(n)]
 
 
 def test_a_cells_standard_error_is_the_standard_error_of_a_proportion(tmp_path):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from adafuse.tokens import TokenBytes, unfinished
-from tests.unit.test_vocab import FakeTokenizer
+from tools.testing import FakeTokenizer
 
 # A byte-level vocabulary: "Ġ" is a space; "Ã" and "¼" are the two bytes of "ü" (C3 BC); "ð" "Ł" "į" "ķ" are
 # the four bytes of "🍕" (F0 9F 8D 95); "¼" alone is a lone continuation byte.

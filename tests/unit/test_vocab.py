@@ -6,22 +6,7 @@ import pytest
 from adafuse.errors import ConfigError
 from adafuse.tokens import BYTE_LEVEL, SENTENCEPIECE, byte_level_alphabet, detect_type
 from baselines.vocab import Vocabulary, check_weights, member_weights
-
-
-class FakeAdded:
-    def __init__(self, content: str):
-        self.content = content
-
-
-class FakeTokenizer:
-    """Just what Vocabulary.build reads: get_vocab() and added_tokens_decoder."""
-
-    def __init__(self, pieces: list[str], added: dict[int, str] | None = None):
-        self.pieces = {p: i for i, p in enumerate(pieces)}
-        self.added_tokens_decoder = {i: FakeAdded(c) for i, c in (added or {}).items()}
-
-    def get_vocab(self):
-        return dict(self.pieces)
+from tools.testing import FakeTokenizer
 
 
 def test_byte_level_alphabet_is_a_bijection_onto_the_256_bytes():

@@ -1,0 +1,44 @@
+"""The comparisons of a fast decode with its oracle that several test files make: a member's scored
+spans against the reference's, and AdaFuse's rounds against the cache-free reference (oracles/reference.py):
+identical text, ids, pools (text, eos, proposers) and winners, NLLs and fused scores within 1e-4."""
+
+import pytest
+
+from adafuse import Request
+from oracles import reference
+from tools.testing import decode
+
+
+def assert_scores_match(fast_scores, slow_scores) -> None:
+    """A fast Score list equals the reference's (base, ids, skip, nll) tuples; NLLs within 1e-4."""
+    assert len(fast_scores) == len(slow_scores)
+    for fs, (base, ids, skip, value) in zip(fast_scores, slow_scores):
+        assert (fs.base, fs.ids, fs.skip) == (base, ids, skip)
+        assert fs.nll == pytest.approx(value, abs=1e-4)
+
+
+def assert_adafuse_agrees(members, prompt, stop, budget, cfg):
+    """The fast decode of `prompt` equals the reference's, round by round; returns the fast Generation."""
+    fast = decode(members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
+    slow_text, rounds, slow_ids = reference.generate(members, Request(prompt, stop, budget), cfg)
+    assert fast.text == slow_text
+    assert fast.ids == slow_ids
+    assert len(fast.trace.rounds) == len(rounds)
+    for r, (pool, winner) in zip(fast.trace.rounds, rounds):
+        assert [(c.text, c.eos, c.proposers) for c in r.candidates] == [(c.text, c.eos, c.proposers) for c in pool]
+        assert r.winner == winner
+        for fc, rc in zip(r.candidates, pool):
+            assert_scores_match(fc.scores, rc.scores)
+            assert fc.fused == pytest.approx(rc.fused, abs=1e-4)
+    return fast
+
+
+def exercised(gen) -> tuple[int, int, int]:
+    """(rounds, rounds won by a candidate some member did not propose and then continued, cut-backs)."""
+    foreign = cut_backs = 0
+    last = len(gen.trace.rounds) - 1
+    for i, (contexts, rnd) in enumerate(zip(gen.trace.contexts(), gen.trace.rounds)):
+        won = rnd.candidates[rnd.winner]
+        foreign += i < last and len(won.proposers) < len(contexts)
+        cut_backs += sum(s.base < len(contexts[k]) for c in rnd.candidates for k, s in enumerate(c.scores))
+    return len(gen.trace.rounds), foreign, cut_backs
