@@ -4,7 +4,7 @@ No KV cache and no bookkeeping shared with the fast decoder (adafuse/decode.py):
 (next-token distribution, each candidate's NLL) comes from a full forward pass over the whole token
 sequence, and text is decoded from the start of the context. It shares only the weights, the
 tokenizers and two constants. The tests check the fast decoder against it token for token, and
-scripts/bench_decode.py times the two side by side.
+tools/bench_decode.py times the two side by side.
 """
 
 import re
@@ -29,22 +29,27 @@ def _utf8_prefix(data: bytes) -> str:
 
 
 class LogprobMemo:
-    """Remembers the reference's next-token log-probability rows across runs, least recently used first out
-    past `max_bytes`.
+    """Remembers the reference's cache-free forward passes across runs, least recently used first out past
+    `max_bytes`.
 
-    A row, log p(. | prefix), is a pure function of the weights, the control tokens (from the tokenizer)
-    and the prefix's ids, so it is keyed on the model and tokenizer objects (by identity, each held by the
-    entry, so that an id is not reused while it is remembered) and the prefix. Off unless a caller sets
-    `MEMO` (the test session does: its tests run the reference over the same prompts again and again);
-    scripts/bench_decode.py times the reference without it.
+    A pass's log-probability rows are a pure function of the weights, the control tokens (from the
+    tokenizer), the ids it reads and the rows it keeps, so an entry is keyed on the model and tokenizer
+    objects (by identity, each held by the entry, so that an id is not reused while it is remembered), the
+    ids and the number of rows. Keyed on the whole pass, not on each row's prefix: a row is the same
+    function of its prefix at any pass length only up to float rounding (the matrix shapes differ), so a
+    row served to a pass of another length would make a run's numbers depend on which runs came before
+    it. Served only to the very pass that computed it, a run reads what it would compute without the memo,
+    bit for bit, in any order. Off unless a caller sets `MEMO` (the test session does: its tests run the
+    reference over the same prompts again and again); tools/bench_decode.py times the reference without it.
     """
 
     def __init__(self, max_bytes: int):
         self.max_bytes, self.bytes, self.hits, self.misses = max_bytes, 0, 0, 0
-        self._entries: OrderedDict = OrderedDict()  # key -> (model, tokenizer, row)
+        self._entries: OrderedDict = OrderedDict()  # key -> (model, tokenizer, rows)
 
-    def get(self, model, tokenizer, prefix: tuple[int, ...]) -> torch.Tensor | None:
-        key = (id(model), id(tokenizer), prefix)
+    def get(self, model, tokenizer, ids: tuple[int, ...], last: int) -> torch.Tensor | None:
+        """The rows of the pass over `ids` that kept the `last` rows, if it ran before; else None."""
+        key = (id(model), id(tokenizer), last, ids)
         entry = self._entries.get(key)
         if entry is None or entry[0] is not model or entry[1] is not tokenizer:
             self.misses += 1
@@ -53,15 +58,15 @@ class LogprobMemo:
         self.hits += 1
         return entry[2]
 
-    def put(self, model, tokenizer, prefix: tuple[int, ...], row: torch.Tensor) -> None:
-        size = row.numel() * row.element_size()
+    def put(self, model, tokenizer, ids: tuple[int, ...], last: int, rows: torch.Tensor) -> None:
+        size = rows.numel() * rows.element_size()
         if size > self.max_bytes:
             return
-        key = (id(model), id(tokenizer), prefix)
+        key = (id(model), id(tokenizer), last, ids)
         stale = self._entries.pop(key, None)  # an entry under a reused id
         if stale is not None:
             self.bytes -= stale[2].numel() * stale[2].element_size()
-        self._entries[key] = (model, tokenizer, row)
+        self._entries[key] = (model, tokenizer, rows)
         self.bytes += size
         while self.bytes > self.max_bytes:
             _, (_, _, old) = self._entries.popitem(last=False)
@@ -127,23 +132,27 @@ class RefModel:
         prefixes = [tuple(ids[:i]) for i in range(len(ids) - last + 1, len(ids) + 1)]
         rows = [self._known(prefix) for prefix in prefixes]
         if any(row is None for row in rows):
-            fresh = self._forward(ids, last)
+            fresh = self._pass(ids, last)
             rows = [self._remember(p, new) if row is None else row for p, row, new in zip(prefixes, rows, fresh)]
         return torch.stack(rows)
 
     def _known(self, prefix: tuple[int, ...]) -> torch.Tensor | None:
-        row = self._rows.get(prefix)
-        if row is None and MEMO is not None:
-            row = MEMO.get(self.model, self.tokenizer, prefix)
-            if row is not None:
-                self._rows[prefix] = row
-        return row
+        return self._rows.get(prefix)
 
     def _remember(self, prefix: tuple[int, ...], row: torch.Tensor) -> torch.Tensor:
         row = self._rows[prefix] = row.clone()  # not a view that would keep the whole forward's rows alive
-        if MEMO is not None:
-            MEMO.put(self.model, self.tokenizer, prefix, row)
         return row
+
+    def _pass(self, ids: list[int], last: int) -> torch.Tensor:
+        """`_forward`, or the same pass's rows from the session's MEMO (LogprobMemo: why whole passes)."""
+        if MEMO is None:
+            return self._forward(ids, last)
+        key = tuple(ids)
+        rows = MEMO.get(self.model, self.tokenizer, key, last)
+        if rows is None:
+            rows = self._forward(ids, last)
+            MEMO.put(self.model, self.tokenizer, key, last, rows)
+        return rows
 
     def _forward(self, ids: list[int], last: int) -> torch.Tensor:
         ids_t = torch.tensor([ids], device=self.model.device)

@@ -87,6 +87,21 @@ def test_the_reference_computes_each_prefix_row_once_as_a_full_pass_over_it_woul
     assert torch.allclose(wider[0], alone, atol=1e-5)
 
 
+def test_the_session_memo_serves_a_pass_only_to_that_same_pass(tiny_shaped, monkeypatch):
+    """A run reads from the session's memo exactly what it would compute without it, whichever runs came
+    first: a prefix's row from a longer pass (equal only up to float rounding) is never served to a pass
+    over the prefix itself, and the same pass, asked again by a fresh run, gets its rows bit for bit."""
+    monkeypatch.setattr(reference, "MEMO", reference.LogprobMemo(2**24))
+    member = tiny_shaped[1]
+    ids = reference.RefModel(member).encode_prompt("Question: What is the capital of France?\nAnswer:")
+    long_pass = reference.RefModel(member).logprobs(ids, 4)  # the rows of the prefixes ids[:-3] .. ids
+    short_pass = reference.RefModel(member).logprobs(ids[:-2], 1)  # a prefix the long pass holds a row of
+    assert (reference.MEMO.hits, reference.MEMO.misses) == (0, 2)
+    assert torch.equal(short_pass, reference.RefModel(member)._forward(ids[:-2], 1))
+    again = reference.RefModel(member).logprobs(ids, 4)
+    assert reference.MEMO.hits == 1 and torch.equal(again, long_pass)
+
+
 # Each option changes some round on the first prompt (a stop string); the options that shape words also
 # read the emoji prompt, where a word's tokens end inside a character.
 @pytest.mark.parametrize(
