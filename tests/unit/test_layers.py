@@ -1,5 +1,6 @@
-"""The layers of the tree: the engine (adafuse/) imports no layer above it, scripts never import the
-tests, and the methods reach the engine only through the `adafuse.methods` entry points."""
+"""The layers of the tree: the engine (adafuse/) imports no layer above it, the installed packages never import
+the repository-only ones (tools/, oracles/, tests/), nothing imports a test module, no file edits sys.path,
+and the methods reach the engine only through the `adafuse.methods` entry points."""
 
 import ast
 import subprocess
@@ -21,15 +22,57 @@ def imported_modules(path) -> set[str]:
     return names
 
 
+def python_files(*folders: str) -> list:
+    return sorted(path for folder in folders for path in (ROOT / folder).rglob("*.py"))
+
+
+def relative(path) -> str:
+    return str(path.relative_to(ROOT))
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "adafuse").glob("*.py")), ids=lambda p: p.name)
 def test_the_engine_imports_no_layer_above_it(path):
-    above = {"baselines", "eval", "conf", "scripts", "tests", "run"}
+    above = {"baselines", "eval", "conf", "scripts", "tools", "oracles", "tests", "run"}
     assert not {name for name in imported_modules(path) if name.split(".")[0] in above}
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "scripts").glob("*.py")), ids=lambda p: p.name)
+SHIPPED = ["adafuse", "baselines", "eval", "conf", "hydra_plugins"]  # pyproject's packages
+
+
+@pytest.mark.parametrize("path", python_files(*SHIPPED), ids=relative)
+def test_the_installed_packages_never_import_the_repository_only_ones(path):
+    assert not {name for name in imported_modules(path) if name.split(".")[0] in {"tools", "oracles", "tests"}}
+
+
+@pytest.mark.parametrize("path", python_files("scripts", "tools", "oracles"), ids=relative)
 def test_scripts_never_import_the_tests(path):
     assert not {name for name in imported_modules(path) if name.split(".")[0] == "tests"}
+
+
+@pytest.mark.parametrize("path", python_files("tests"), ids=relative)
+def test_no_test_imports_another_test_module(path):
+    """What tests share lives in packages (tools/, oracles/) or in conftest's fixtures."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    relative_imports = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level]
+    assert not relative_imports and not {name for name in imported_modules(path) if name.split(".")[0] == "tests"}
+
+
+# The two files that load the authors' code from a directory the user names (their scripts, their pinned
+# word2number): loading someone else's files is their job, not the project's own import plumbing.
+LOADS_OUTSIDE_CODE = {"tools/authors_code.py", "tools/authors_scorers.py"}
+
+
+@pytest.mark.parametrize("path", python_files(*SHIPPED, "scripts", "tools", "oracles", "tests"), ids=relative)
+def test_the_project_imports_itself_as_installed_never_through_sys_path_or_file_loaders(path):
+    if relative(path) in LOADS_OUTSIDE_CODE:
+        return
+    plumbing = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target = ast.unparse(node.func)
+            if target in {"sys.path.insert", "sys.path.append"} or node.func.attr == "spec_from_file_location":
+                plumbing.append(f"line {node.lineno}: {target}")
+    assert not plumbing
 
 
 def test_methods_load_on_first_lookup_through_their_entry_points():
@@ -45,3 +88,32 @@ def test_methods_load_on_first_lookup_through_their_entry_points():
     )
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_missing_requirement_skips_here_and_fails_in_ci(require, monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    require(True, "present")
+    with pytest.raises(pytest.skip.Exception, match="absent"):
+        require(False, "absent")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="absent"):
+        require(False, "absent")
+
+
+def calls(function: ast.AST) -> set[str]:
+    return {
+        node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        for node in ast.walk(function)
+        if isinstance(node, ast.Call)
+    }
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "tests").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_test_skips_for_a_missing_package_only_through_require(path):
+    """conftest's `require` is the one rule (a skip here, a failure in CI): no importorskip, and every
+    function that looks a package up hands the answer to `require`."""
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.FunctionDef):
+            called = calls(node)
+            assert "importorskip" not in called, f"{node.name}: use conftest's `require`"
+            assert "find_spec" not in called or "require" in called, f"{node.name}: use conftest's `require`"
