@@ -1,6 +1,6 @@
 """What the slow references of the token-level baselines share: each member's context replayed with no
 KV cache, every distribution from a full forward pass over the whole token sequence, text appended
-exactly as the seam's rule says (adafuse/reference.py's `align`), and the stop rule of spec §5.
+exactly as the seam's rule says (oracles/reference.py's `align`), and the stop rule of spec §5.
 
 Token texts come from the tokenizer's own `decode` of each id after a letter (in context, as the
 engine reads them: a SentencePiece decoder such as Mistral's drops a first token's leading space),

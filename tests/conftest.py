@@ -28,7 +28,7 @@ os.environ["OMP_NUM_THREADS"] = str(THREADS)
 def pytest_configure(config):
     """torch's threads, and the slow reference's cache-free log-probabilities remembered for the whole
     session: many tests run it over the same prompts (a pure function of model and ids; see
-    adafuse/reference.py). Bounded: 512 MiB by default. Not in xdist's controller, which runs no test:
+    oracles/reference.py). Bounded: 512 MiB by default. Not in xdist's controller, which runs no test:
     it starts the workers without first spending seconds importing torch."""
     if not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no":
         return  # xdist's controller
@@ -87,7 +87,7 @@ def gemma(tiny):
 @pytest.fixture(scope="session")
 def narrow(tiny):
     """The embedded pair with Gemma-3's sliding window narrowed to WINDOW tokens (real weights, shared with
-    `tiny`): prompts of a few dozen tokens cross the window (tests/engine/helpers.py `narrow_window`)."""
+    `tiny`): prompts of a few dozen tokens cross the window (tools/testing.py `narrow_window`)."""
     from tools.testing import WINDOW, narrow_window
 
     return [tiny.members[0].clone(), narrow_window(tiny.members[1], WINDOW)]
@@ -99,7 +99,7 @@ GEMMA_LAYERS = ["sliding_attention", "sliding_attention", "full_attention"]
 @pytest.fixture(scope="session")
 def tiny_shaped(tiny):
     """The embedded pair in shape: SmolLM2's and Gemma-3's real tokenizers, tiny random weights
-    (tests/engine/helpers.py `in_shape`); Gemma's sliding window WINDOW tokens, on sliding layers before
+    (tools/testing.py `in_shape`); Gemma's sliding window WINDOW tokens, on sliding layers before
     a full one as in the real model (five, then one). A pass costs milliseconds, not a second."""
     from tools.testing import WINDOW, in_shape
 
@@ -121,7 +121,7 @@ def tiny_shaped(tiny):
 @pytest.fixture(scope="session")
 def paper_pair_dir() -> Path:
     """The paper's pair in shape (real tokenizers, tiny random weights), built once and cached:
-    tests/paper_pair.py. It needs llama-models and mistral-common (the `test` extra): without them the
+    tools/paper_pair.py. It needs llama-models and mistral-common (the `test` extra): without them the
     tests that use it fail, saying so, rather than pass by skipping."""
     from tools.paper_pair import paper_pair_dir as build
 

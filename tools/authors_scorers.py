@@ -1,7 +1,7 @@
 """Run the AdaFuse authors' own scorers on our committed grid predictions; store their per-example verdicts.
 
     pip install --target /tmp/w2n word2number==1.1
-    ADAFUSE_DATA_DIR=../shared/data python scripts/authors_scorers.py --authors /path/to/AdaFuse --word2number /tmp/w2n
+    ADAFUSE_DATA_DIR=../shared/data python -m tools.authors_scorers --authors /path/to/AdaFuse --word2number /tmp/w2n
 
 `--authors` is a checkout of github.com/CCM0111/AdaFuse at c7ecc712457f1b0074d798bfd98c37418c774e08. Their code
 is never copied into this tree: it is read and run from that checkout. `--word2number` is a folder from which

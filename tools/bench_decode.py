@@ -1,20 +1,20 @@
 """Decoding speed, measured side by side in one run on the bundled pair (SmolLM2-135M + Gemma-3-270M).
 
-    python scripts/bench_decode.py                 # about 15 minutes on 2 CPU cores
-    python scripts/bench_decode.py --quick         # a smaller smoke version
+    python -m tools.bench_decode                 # about 15 minutes on 2 CPU cores
+    python -m tools.bench_decode --quick         # a smaller smoke version
 
 1. AdaFuse against the two models' greedy (`single`) decoding on the same real benchmark prompts
    (../shared/data), interleaved prompt by prompt so that machine drift hits all three alike:
    wall time ratio AdaFuse / (single A + single B), forward passes per round, tokens fed per
    generated token per model; AdaFuse with B = 1 (no branching) alongside, to show what B = 3 costs.
-2. The fast decoder against the cache-free reference (adafuse/reference.py) on few-shot
+2. The fast decoder against the cache-free reference (oracles/reference.py) on few-shot
    prompts of 500+ tokens: identical output, and the speed-up.
 3. Batching across examples (adafuse/batching.py): AdaFuse and `single` at batch sizes 1, 4, 8, 16
    on the same 48 benchmark prompts: throughput (examples per second), the AdaFuse cost per example
    against the two members' unbatched greedy decoding, outputs identical to batch size 1, and the
    peak memory of each run.
 4. `--only authors --authors-code PATH`: the authors' released decoder (a checkout of CCM0111/AdaFuse,
-   run unmodified through scripts/authors_code.py) against our `method=adafuse_code`, on the same NQ
+   run unmodified through tools/authors_code.py) against our `method=adafuse_code`, on the same NQ
    questions of their test file with their prompt, interleaved question by question with our `adafuse`
    and the two single models: wall time per example, the speed-up over their code (goal >= 10x), and
    their `pred` against ours (identical).
@@ -281,7 +281,7 @@ def compare_with_authors(ens: Ensemble, data_dir: Path, authors_code: Path, coun
     """Their decoder, ours (`adafuse_code`, the same knobs), our `adafuse` and the single models on the
     first `count` questions of their NQ test file, prompt by prompt (machine drift hits all alike).
 
-    Their code runs in this process through scripts/authors_code.py (models loaded once, not timed, no
+    Their code runs in this process through tools/authors_code.py (models loaded once, not timed, no
     recording); `options` are our knobs, passed to theirs under their flag names. Outputs compared:
     their `pred` against ours (`stats.notes["authors_pred"]`)."""
     from tools.authors_code import TASKS, AuthorsCode

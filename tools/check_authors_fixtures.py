@@ -1,8 +1,8 @@
 """Check the recorded authors' traces (tests/fixtures/authors_code/*.json) against the behaviour that
 tests/fixtures/authors_code/BEHAVIOUR.md describes, rule by rule.
 
-    python scripts/check_authors_fixtures.py                      # every fixture; tokenizers only
-    python scripts/check_authors_fixtures.py --models FILE.json   # also recompute with the models
+    python -m tools.check_authors_fixtures                      # every fixture; tokenizers only
+    python -m tools.check_authors_fixtures --models FILE.json   # also recompute with the models
 
 Without --models it rebuilds, from the recorded generate outputs and margins alone, every model's
 proposals (word rule, path A / path B, id trimming, call sequence and input lengths), the pool

@@ -1,8 +1,8 @@
-"""float32 against bfloat16 on the paper's pair in shape (scripts/make_paper_pair.py): how many outputs
+"""float32 against bfloat16 on the paper's pair in shape (tools/make_paper_pair.py): how many outputs
 differ, and whether each difference starts at a near-tie.
 
-    python scripts/compare_dtypes.py                      # 24 NQ prompts, every method; a few minutes on 2 cores
-    python scripts/compare_dtypes.py --prompts 8 --out /tmp/dtypes.json
+    python -m tools.compare_dtypes                      # 24 NQ prompts, every method; a few minutes on 2 cores
+    python -m tools.compare_dtypes --prompts 8 --out /tmp/dtypes.json
 
 Scores are computed in float32 whatever the weights' dtype (Member._log_softmax upcasts the logits
 before the log-softmax; margins, NLLs and every fused score are float32 arithmetic on them), so the

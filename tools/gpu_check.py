@@ -1,16 +1,16 @@
 """The GPU check: on a machine with a CUDA GPU, in under 8 minutes, one JSON.
 
-    python scripts/gpu_check.py              # results/bench/gpu_check.json
-    python scripts/gpu_check.py --dry-run    # on a CPU: every step at its smallest, to check the script
+    python -m tools.gpu_check              # results/bench/gpu_check.json
+    python -m tools.gpu_check --dry-run    # on a CPU: every step at its smallest, to check the script
 
 1. The reference-agreement tests on the device (pytest: the fast decoder against the cache-free
    reference; batch invariance and single == generate() on the paper-shaped pair).
-2. The paper's pair in shape (scripts/make_paper_pair.py) in bfloat16 at batch size 1 and 8: `single`
+2. The paper's pair in shape (tools/make_paper_pair.py) in bfloat16 at batch size 1 and 8: `single`
    (both members) and AdaFuse on the harness's NQ prompts; outputs identical to batch size 1 with exact
    batching, and without it; each greedy step's log-probability bit for bit; the time of each; and how
    each model's requests met in merged passes (whether this GPU's matrix multiplies depend on the
    number of rows, so that exactness splits them per request).
-3. scripts/bench_decode.py's AdaFuse section (every method against the members' greedy decoding) and
+3. tools/bench_decode.py's AdaFuse section (every method against the members' greedy decoding) and
    its batching section (batch sizes 1 and 8), on a quarter of their prompts.
 
 Each step runs within what is left of the time limit and is recorded as it ends, so a step that runs

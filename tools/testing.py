@@ -66,7 +66,7 @@ def narrow_window(member: Member, window: int) -> Member:
 
 
 # The sizes of `in_shape`'s stand-ins, and the spread of their logits: as the paper's pair in shape
-# (scripts/make_paper_pair.py TINY, LOGIT_STD), so that some greedy steps are confident and some are not.
+# (tools/make_paper_pair.py TINY, LOGIT_STD), so that some greedy steps are confident and some are not.
 SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "head_dim": 16}
 LOGIT_STD = 16.0
 

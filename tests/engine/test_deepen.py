@@ -1,4 +1,4 @@
-"""DeePEn on the real bundled pair against a slow, plain implementation written here (no cache, every
+"""DeePEn on the real bundled pair against a slow, plain implementation (oracles/deepen.py: no cache, every
 distribution from a full forward pass, transfer rows written out densely, upstream's optimiser loop
 over the whole vocabulary), plus either member as the main one, K = 3, the cache, stop rules.
 

@@ -1,8 +1,8 @@
-"""LLM-Blender on the real bundled pair (and the pair in shape) against a slow implementation written here.
+"""LLM-Blender on the real bundled pair (and the pair in shape) against a slow implementation (oracles/llm_blender.py).
 
 The slow side has no cache: every greedy step of every member and every score is a full forward pass
-over the whole token sequence (adafuse/reference.py's cache-free model and spec §4 alignment);
-the greedy answers and the NLL ranking are written out below as plainly as the docstring reads.
+over the whole token sequence (oracles/reference.py's cache-free model and spec §4 alignment);
+the greedy answers and the NLL ranking are written out there as plainly as the docstring reads.
 """
 
 import pytest

@@ -1,8 +1,8 @@
-"""SweetSpan on the real bundled pair (and the pair in shape) against a slow implementation written here.
+"""SweetSpan on the real bundled pair (and the pair in shape) against a slow implementation (oracles/sweetspan.py).
 
 The slow side has no cache: every greedy step and every score is a full forward pass over the whole
-token sequence (adafuse/reference.py's cache-free model, word rule and spec §4 alignment); the
-span round (proposals, pool, outlier filter, normalisation, winner) is written out below as plainly
+token sequence (oracles/reference.py's cache-free model, word rule and spec §4 alignment); the
+span round (proposals, pool, outlier filter, normalisation, winner) is written out there as plainly
 as the method's docstring reads. Identical text, output ids, pools and winners; NLLs within 1e-4.
 """
 

@@ -1,4 +1,4 @@
-"""UniTE on the real bundled pair against a slow, plain implementation written here (no cache, every
+"""UniTE on the real bundled pair against a slow, plain implementation (oracles/unite.py: no cache, every
 distribution from a full forward pass), plus its union, missing-string mapping, K = 3, stop rules."""
 
 import pytest

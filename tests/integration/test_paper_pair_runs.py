@@ -1,5 +1,5 @@
 """The paper's main command, `python run.py model_pair=llama_mistral task=nq`, end to end on the pair
-in shape (tests/paper_pair.py): both real tokenizers, the hub's configs, bfloat16 weights as its YAMLs
+in shape (tools/paper_pair.py): both real tokenizers, the hub's configs, bfloat16 weights as its YAMLs
 load them. The outputs are meaningless text; what is checked is that the run completes and writes
 what a run writes, and that no control token reaches a prediction."""
 
