@@ -1,11 +1,12 @@
 """Our paper_* replicas against the AdaFuse authors' own scorers (their evaluation/eval_*.py), example by example.
 
 The fixtures in tests/fixtures/authors_scorers/ hold their scripts' verdicts on our committed grid predictions,
-made by scripts/authors_scorers.py (README.md there: provenance, settings, patches). Our side is scored as the
+made by tools/authors_scorers.py (README.md there: provenance, settings, patches). Our side is scored as the
 runner scores it: the metric the run's config names, from each record's raw prediction and references.
 
 What is held equal, per example:
-* their `pred` (what their writer would have extracted) and our `authors_pred`, up to whitespace runs;
+* their `pred` (what their writer would have extracted, as our replay of their loop and writer computes it)
+  and our `authors_pred`, up to whitespace runs;
 * their verdict in the `with_imports` setting (word2number and sacrebleu imported, as their README asks) and
   ours, on every QA and GSM8K example; FLORES: their corpus score and ours (13a tokens).
 What is documented, not copied:
@@ -55,7 +56,7 @@ NUMBER_WORD_VERDICTS = {
 
 
 def digest(pred: str) -> str:
-    """As scripts/authors_scorers.py fingerprints their pred: whitespace runs made single spaces, sha256[:12]."""
+    """As tools/authors_scorers.py fingerprints their pred: whitespace runs made single spaces, sha256[:12]."""
     return hashlib.sha256(" ".join(pred.split()).encode("utf-8")).hexdigest()[:12]
 
 
@@ -86,7 +87,10 @@ def test_every_committed_grid_run_has_a_fixture():
 
 
 @pytest.mark.parametrize("path", RUN_FIXTURES, ids=fixture_ids(RUN_FIXTURES))
-def test_we_extract_the_pred_their_writer_would_have_written(path):
+def test_authors_pred_equals_our_replay_of_their_loop_and_writer(path):
+    """The fixture's `pred` is not one their code wrote: their loop never ran on our generations, so
+    tools/authors_scorers.py (`their_pred`) replays it, word by word, with their own helper functions
+    (clean_text_before_question, extract_boxed_answer). This holds our extraction to that replay."""
     fixture, records, _ = load(path)
     assert [digest(authors_pred(r["prediction"])) for r in records] == [e["pred"] for e in fixture["examples"]]
 

@@ -39,9 +39,14 @@ def test_the_engine_imports_no_layer_above_it(path):
 SHIPPED = ["adafuse", "baselines", "eval", "conf", "hydra_plugins"]  # pyproject's packages
 
 
-@pytest.mark.parametrize("path", python_files(*SHIPPED), ids=relative)
-def test_the_installed_packages_never_import_the_repository_only_ones(path):
-    assert not {name for name in imported_modules(path) if name.split(".")[0] in {"tools", "oracles", "tests"}}
+def test_the_installed_packages_never_import_the_repository_only_ones():
+    repository_only = {"tools", "oracles", "tests"}
+    found = {
+        relative(path): names
+        for path in python_files(*SHIPPED)
+        if (names := {name for name in imported_modules(path) if name.split(".")[0] in repository_only})
+    }
+    assert not found
 
 
 @pytest.mark.parametrize("path", python_files("scripts", "tools", "oracles"), ids=relative)
@@ -49,12 +54,16 @@ def test_scripts_never_import_the_tests(path):
     assert not {name for name in imported_modules(path) if name.split(".")[0] == "tests"}
 
 
-@pytest.mark.parametrize("path", python_files("tests"), ids=relative)
-def test_no_test_imports_another_test_module(path):
+def test_no_test_imports_another_test_module():
     """What tests share lives in packages (tools/, oracles/) or in conftest's fixtures."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    relative_imports = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level]
-    assert not relative_imports and not {name for name in imported_modules(path) if name.split(".")[0] == "tests"}
+    found = {}
+    for path in python_files("tests"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        names = {f".{node.module}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
+        names |= {name for name in imported_modules(path) if name.split(".")[0] == "tests"}
+        if names:
+            found[relative(path)] = names
+    assert not found
 
 
 # The two files that load the authors' code from a directory the user names (their scripts, their pinned
@@ -62,16 +71,16 @@ def test_no_test_imports_another_test_module(path):
 LOADS_OUTSIDE_CODE = {"tools/authors_code.py", "tools/authors_scorers.py"}
 
 
-@pytest.mark.parametrize("path", python_files(*SHIPPED, "scripts", "tools", "oracles", "tests"), ids=relative)
-def test_the_project_imports_itself_as_installed_never_through_sys_path_or_file_loaders(path):
-    if relative(path) in LOADS_OUTSIDE_CODE:
-        return
+def test_the_project_imports_itself_as_installed_never_through_sys_path_or_file_loaders():
     plumbing = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            target = ast.unparse(node.func)
-            if target in {"sys.path.insert", "sys.path.append"} or node.func.attr == "spec_from_file_location":
-                plumbing.append(f"line {node.lineno}: {target}")
+    for path in python_files(*SHIPPED, "scripts", "tools", "oracles", "tests"):
+        if relative(path) in LOADS_OUTSIDE_CODE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                target = ast.unparse(node.func)
+                if target in {"sys.path.insert", "sys.path.append"} or node.func.attr == "spec_from_file_location":
+                    plumbing.append(f"{relative(path)}:{node.lineno}: {target}")
     assert not plumbing
 
 
@@ -108,12 +117,14 @@ def calls(function: ast.AST) -> set[str]:
     }
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "tests").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
-def test_a_test_skips_for_a_missing_package_only_through_require(path):
+def test_a_test_skips_for_a_missing_package_only_through_require():
     """conftest's `require` is the one rule (a skip here, a failure in CI): no importorskip, and every
     function that looks a package up hands the answer to `require`."""
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.FunctionDef):
-            called = calls(node)
-            assert "importorskip" not in called, f"{node.name}: use conftest's `require`"
-            assert "find_spec" not in called or "require" in called, f"{node.name}: use conftest's `require`"
+    found = []
+    for path in python_files("tests"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.FunctionDef):
+                called = calls(node)
+                if "importorskip" in called or "find_spec" in called and "require" not in called:
+                    found.append(f"{relative(path)}: {node.name}")
+    assert not found, "use conftest's `require`"
