@@ -1,7 +1,7 @@
 """`method=adafuse_code` against recordings of the authors' own scripts on the bundled pair.
 
 tests/fixtures/authors_code/*.json hold what CCM0111/AdaFuse's `AdaFuse_{two,three,four}_models.py`
-did on SmolLM2-135M (model 1) and Gemma-3-270M (model 2), recorded by scripts/authors_code.py (their
+did on SmolLM2-135M (model 1) and Gemma-3-270M (model 2), recorded by tools/authors_code.py (their
 code run unmodified; tests/fixtures/authors_code/BEHAVIOUR.md). Our method, with the recording's
 flags as knobs, must give the same thing in every round: each model's margins and proposals (text and
 ids), the pool in order with every model's scored ids, every score and fused score within 1e-4, the
@@ -10,12 +10,13 @@ same selection and appended text, the same stop, text and `pred`.
 A disagreement is a bug unless it comes from float rounding between our cached forward passes and
 their uncached ones; such a case must be a near-tie, and `KNOWN_NEAR_TIES` lists each with its gap.
 
-CI runs a representative subset: the examples that between them cover each script, each path and
-every call site of their code, stop rule and pool event that the recordings exercised, cheapest first
-(`representative`).
+CI runs a representative subset: the examples that between them cover each script, task, path and knob
+value the recordings hold, and every call site of their code, stop rule and pool event that they exercised,
+cheapest first (`representative`).
 The rest are marked `authors_full` and run with ADAFUSE_AUTHORS_ALL=1 (pytest -m authors_full).
 """
 
+import hashlib
 import json
 import math
 import os
@@ -29,6 +30,7 @@ from adafuse.methods import METHODS
 from adafuse.session import Request
 from baselines.adafuse_code import AdaFuseCodeConfig
 from eval.paper_metrics import authors_pred
+from tools.paths import ROOT
 from tools.testing import clone, decode
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "authors_code"
@@ -73,19 +75,28 @@ def features(example: dict) -> set:
     return seen
 
 
+def settings(meta: dict) -> set:
+    """What a recording was run with: its script, task, path and every knob value."""
+    cfg = knobs(meta)
+    return {("script", meta["script"]), ("task", meta["task"]), ("path B", cfg.branches > 1)} | {
+        ("knob", name, getattr(cfg, name)) for name in ("tau", "branches", "span_length", "max_rounds")
+    }
+
+
 def representative(recordings: dict[str, dict]) -> set[tuple[str, int]]:
-    """A greedy cover of every feature of every recording (each script and each path count as one),
-    cheapest first: keep adding the example with the most not-yet-covered features per round it decodes."""
+    """A greedy cover of every feature of every recording and every setting the recordings hold (each
+    script, task, path and knob value counts as one), cheapest first: keep adding the example with the
+    most not-yet-covered features per CPU second their code spent on it (`cpu_s`: a round of path B, or
+    one over a GSM8K prompt, costs several of path A over an NQ one)."""
     feats = {
-        (name, ex["index"]): features(ex)
-        | {("script", rec["meta"]["script"]), ("path B", knobs(rec["meta"]).branches > 1)}
+        (name, ex["index"]): features(ex) | settings(rec["meta"])
         for name, rec in recordings.items()
         for ex in rec["examples"]
     }
-    rounds = {(name, ex["index"]): ex["n_rounds"] or 1 for name, rec in recordings.items() for ex in rec["examples"]}
+    cost = {(name, ex["index"]): ex["cpu_s"] for name, rec in recordings.items() for ex in rec["examples"]}
     chosen, covered = set(), set()
     while True:
-        gain, key = max(((len(f - covered) / rounds[k], k) for k, f in feats.items()), default=(0, None))
+        gain, key = max(((len(f - covered) / cost[k], k) for k, f in feats.items()), default=(0, None))
         if not gain:
             return chosen
         chosen.add(key)
@@ -189,6 +200,23 @@ def test_batched_decoding_gives_the_recorded_texts(tiny):
 
 def test_every_recording_is_covered():
     assert CASES, f"no recordings of the authors' code in {FIXTURES}"
+
+
+def test_every_recording_was_made_by_the_driver_in_the_tree_byte_for_byte():
+    """Provenance: tools/authors_code.py is the file whose sha256 each recording carries (it was
+    scripts/authors_code.py when they were made, the path `meta.driver` names; README.md there)."""
+    driver = hashlib.sha256((ROOT / "tools" / "authors_code.py").read_bytes()).hexdigest()
+    metas = [load(path)["meta"] for path in sorted(FIXTURES.glob("*.json"))]
+    assert metas and {meta["driver_sha256"] for meta in metas} == {driver}
+    assert {meta["driver"] for meta in metas} == {"scripts/authors_code.py"}
+
+
+def test_the_ci_subset_runs_every_script_task_path_and_knob_value_the_recordings_hold():
+    recordings = {path.name: load(path) for path in sorted(FIXTURES.glob("*.json"))}
+    held = set().union(*(settings(rec["meta"]) for rec in recordings.values()))
+    assert {("knob", "span_length", 4), ("knob", "tau", 0.9), ("task", "gsm8k"), ("task", "flores_de_en")} <= held
+    run = set().union(*(settings(recordings[name]["meta"]) for name, _ in representative(recordings)))
+    assert run == held
 
 
 @pytest.mark.parametrize("k", [3, 4])
