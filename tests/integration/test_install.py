@@ -1,5 +1,6 @@
 """A non-editable install (`pip install .`) carries everything `Ensemble.from_config` and the method
-registry need: the model configs by name and every method's entry point, with no checkout in sight."""
+registry need: the model configs by name and every method's entry point, with no checkout in sight; and
+nothing of the repository-only packages (tools/, oracles/, tests/)."""
 
 import shutil
 import subprocess
@@ -53,6 +54,8 @@ def test_a_plain_install_ships_the_configs_and_the_entry_points(tmp_path):
         check=True,
         capture_output=True,
     )
+    # The repository-only packages (maintainer tooling, the oracles, the tests, the user's commands) stay behind.
+    assert not [name for name in ("tools", "oracles", "tests", "scripts") if (site / name).exists()]
     (site / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
     done = subprocess.run(
         [str(fresh / "bin" / "python"), "-c", PROBE, str(site)], cwd=tmp_path, capture_output=True, text=True
