@@ -171,6 +171,8 @@ def load_script(path: Path, setting: str, word2number_dir: Path | None):
     module = types.ModuleType(f"authors_{path.stem}")
     module.__file__ = str(path)
     if setting == "with_imports":
+        # Their scorers `from word2number import w2n`; --word2number names a checkout of the version their README
+        # pins, found first: someone else's code from a directory the user gives, not the project's own imports.
         if word2number_dir is not None and str(word2number_dir) not in sys.path:
             sys.path.insert(0, str(word2number_dir))
         from word2number import w2n
