@@ -27,9 +27,9 @@ from omegaconf import OmegaConf
 
 from conf.compose import compose_run
 from eval.runner import settings_of
-from tests.conftest import ROOT
 from tools import draw_round, render_docs
 
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(?:<!-- (?P<marker>[^>]*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)^```$", re.DOTALL | re.MULTILINE)
 LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)\)")
