@@ -264,8 +264,11 @@ def test_the_round_figure_is_what_its_tool_draws():
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "page,first,code",
-    [(page, first, body) for page in PAGES for first, body in blocks(page, "check: python")],
-    ids=lambda x: rel(x) if isinstance(x, Path) else str(x) if isinstance(x, int) else "",
+    [
+        pytest.param(page, first, body, id=f"{rel(page)}:{first}")
+        for page in PAGES
+        for first, body in blocks(page, "check: python")
+    ],
 )
 def test_every_checked_python_block_runs(page, first, code, capsys):
     """The block runs, and a `print(...)  # 'text'` line prints the text its comment shows."""
