@@ -18,6 +18,7 @@ import shlex
 import subprocess
 import sys
 import unicodedata
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,7 +161,10 @@ def run_help(target: str, module: bool) -> tuple[int, str]:
         out, argv = io.StringIO(), sys.argv
         sys.argv = [target, "--help"]
         try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), warnings.catch_warnings():
+                # runpy warns when the module is imported already (this test imports tools.render_docs);
+                # --help only parses arguments, so running it a second time is harmless.
+                warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
                 if module:
                     runpy.run_module(target, run_name="__main__", alter_sys=True)
                 else:
