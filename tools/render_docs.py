@@ -1,0 +1,248 @@
+"""Render the measurements in results/bench/*.json into the tables of docs/speed.md.
+
+    python -m tools.render_docs            # rewrite every table between its markers
+    python -m tools.render_docs --check    # exit 1 if a table is out of date (the docs check runs this)
+
+A table lives between `<!-- bench:NAME -->` and `<!-- /bench -->`; NAME is a renderer registered below
+with `@renderer(NAME, FILE)`, which receives FILE's parsed JSON and returns Markdown. A bench section
+that arrives with a new JSON file needs one such function and one marker pair in the page. The block
+`<!-- bench:unrendered -->` lists the JSON files that no renderer reads, so none goes unseen.
+"""
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_DIR = ROOT / "results" / "bench"
+PAGE = ROOT / "docs" / "speed.md"
+UNRENDERED = "unrendered"
+BLOCK = re.compile(r"(<!-- bench:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.DOTALL)
+
+
+class RenderError(Exception):
+    """A marker names no renderer, or a renderer's JSON file is missing."""
+
+
+RENDERERS: dict[str, tuple[str, Callable[[dict], str]]] = {}
+
+
+def renderer(name: str, file: str):
+    """Register `function(data) -> markdown` as the table `<!-- bench:name -->`, read from results/bench/file."""
+
+    def register(function: Callable[[dict], str]) -> Callable[[dict], str]:
+        RENDERERS[name] = (file, function)
+        return function
+
+    return register
+
+
+def table(header: list[str], rows: list[list[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def provenance(file: str, data: dict) -> str:
+    """Where a table's figures come from and what the run was."""
+    facts = [f"`results/bench/{file}`"]
+    if "threads" in data:
+        facts.append(f"{data['threads']} thread" + ("" if data["threads"] == 1 else "s"))
+    if "torch" in data:
+        facts.append(f"torch {data['torch']}")
+    if data.get("quick"):
+        facts.append("quick run (a quarter of the prompts)")
+    return "Source: " + ", ".join(facts) + "."
+
+
+MIXED_SUITE = ["nq", "triviaqa", "squad", "gsm8k", "flores_de_en"]
+METHOD_NAMES = {"single_0": "`single` member 0 (SmolLM2)", "single_1": "`single` member 1 (Gemma-3)"}
+
+
+@renderer("methods", "decode.json")
+def methods(data: dict) -> str:
+    """Every method's cost against the members' summed greedy decoding, in total and per task."""
+    singles = data["singles"]
+    tasks = list(singles["per_task"])
+    header = ["method", "wall time ÷ summed greedy", "passes per token ÷ summed greedy", *tasks]
+    rows = []
+    for method, ratios in singles["methods_vs_sum_of_singles"].items():
+        suffix = "" if method == "adafuse" else f"_{method}"
+        per_task = [f"{singles['per_task'][t][f'ratio{suffix}']:.2f}" for t in tasks]
+        rows.append(
+            [f"`{method}`", f"**{ratios['wall_time']:.2f}**", f"{ratios['forward_passes_per_generated_token']:.2f}"]
+            + per_task
+        )
+    b1 = [f"{singles['per_task'][t]['ratio_b1']:.2f}" for t in tasks]
+    rows.append(["`adafuse`, B = 1", f"{singles['ratio_b1_vs_sum_of_singles']:.2f}", "", *b1])
+    prompts = ", ".join(
+        f"{singles['per_task'][t]['prompts']} {t} ({singles['per_task'][t]['budget']} tokens)" for t in tasks
+    )
+    totals = singles["totals"]["adafuse"]
+    per_round = " / ".join(f"{f / totals['rounds']:.2f}" for f in totals["forward"])
+    fed = " / ".join(f"{f / g:.2f}" for f, g in zip(totals["fed"], totals["generated"]))
+    notes = (
+        f"{singles['prompts']} prompts: {prompts}. AdaFuse's forward passes per round, per model: {per_round}; "
+        f"tokens fed per generated token (branch rows and padding included): {fed}."
+    )
+    return "\n\n".join([provenance("decode.json", data), table(header, rows), notes])
+
+
+@renderer("reference", "reference.json")
+def reference(data: dict) -> str:
+    ref = data["reference"]
+    row = [
+        ref["prompts"],
+        ", ".join(map(str, ref["prompt_tokens"])),
+        ref["budget"],
+        f"{ref['fast_seconds']:.1f}",
+        f"{ref['reference_seconds']:.1f}",
+        f"**{ref['speedup']:.1f}×**",
+        f"{ref['identical_outputs']}/{ref['prompts']}",
+    ]
+    header = ["prompts", "prompt tokens", "new tokens", "fast (s)", "reference (s)", "speed-up", "identical outputs"]
+    return provenance("reference.json", data) + "\n\n" + table(header, [row])
+
+
+def batching_table(file: str, data: dict) -> str:
+    """Examples per second at each batch size, per method, with the best size's gain and peak memory."""
+    batching = data["batching"]
+    sizes = batching["sizes"]
+    methods = list(dict.fromkeys(key.split("@")[0] for key in batching["runs"]))
+    header = ["examples per second", *[f"batch {s}" for s in sizes], "best ÷ batch 1", "identical to batch 1"]
+    rows, memory = [], []
+    for method in methods:
+        runs = [batching["runs"][f"{method}@{s}"] for s in sizes]
+        best = max(range(len(sizes)), key=lambda i: runs[i]["examples_per_second"])
+        cells = [
+            f"**{r['examples_per_second']:.3f}**" if i == best else f"{r['examples_per_second']:.3f}"
+            for i, r in enumerate(runs)
+        ]
+        identical = min(r["identical_to_batch_1"] for r in runs)
+        name = METHOD_NAMES.get(method, f"`{method}`")
+        rows.append([name, *cells, f"{batching[f'{method}_speedup']:.2f}×", f"{identical}/{batching['prompts']}"])
+        memory.append([name, *[f"+{r['peak_memory_gb']:.2f} GB" for r in runs]])
+    # Files written before the bench recorded its tasks ran the mixed suite (bench_decode's BATCH_SUITE).
+    tasks = ", ".join(batching.get("tasks", MIXED_SUITE))
+    notes = (
+        f"{batching['prompts']} prompts ({tasks}). AdaFuse at its best batch size takes "
+        f"{batching['adafuse_best_vs_unbatched_singles']:.2f}× the time of the two members' unbatched greedy "
+        "decoding. Peak memory above the loaded models:"
+    )
+    memory_header = ["peak memory", *[f"batch {s}" for s in sizes]]
+    return "\n\n".join([provenance(file, data), table(header, rows), notes, table(memory_header, memory)])
+
+
+@renderer("batching", "batching_after.json")
+def batching_mixed(data: dict) -> str:
+    return batching_table("batching_after.json", data)
+
+
+@renderer("batching-nq", "batching_nq.json")
+def batching_nq(data: dict) -> str:
+    return batching_table("batching_nq.json", data)
+
+
+@renderer("projection", "projection.json")
+def projection(data: dict) -> str:
+    heads = data["projection"]
+    names = list(heads)
+    header = ["rows", *[f"{n} ({heads[n]['vocab']:,} × {heads[n]['hidden']}): F.linear → blocked" for n in names]]
+    rows = []
+    for count in heads[names[0]]["rows"]:
+        cells = []
+        for n in names:
+            r = heads[n]["rows"][count]
+            same = "" if r["identical"] else ", logits differ"
+            cells.append(f"{r['f_linear_ms']:.1f} → {r['blocked_ms']:.1f} ms ({r['speedup']:.2f}×{same})")
+        rows.append([count, *cells])
+    return provenance("projection.json", data) + "\n\n" + table(header, rows)
+
+
+@renderer("authors", "authors.json")
+def authors(data: dict) -> str:
+    a = data["authors"]
+    seconds, ratios = a["seconds"], a["vs_sum_of_singles"]
+    header = ["decoder", "seconds", "÷ summed greedy", "same `pred` as their code"]
+    rows = [
+        ["their code", f"{seconds['authors']:.0f}", f"{ratios['authors']:.1f}", ""],
+        [
+            "`adafuse_code`",
+            f"{seconds['adafuse_code']:.0f}",
+            f"{ratios['adafuse_code']:.1f}",
+            f"{a['identical_preds']}/{a['questions']}",
+        ],
+        [
+            "`adafuse_code`, batch size 8",
+            f"{seconds['adafuse_code_batch_8']:.0f}",
+            "",
+            f"{a['identical_preds_batch_8']}/{a['questions']}",
+        ],
+        ["`adafuse` (the paper's algorithm)", f"{seconds['adafuse']:.0f}", f"{ratios['adafuse']:.1f}", ""],
+    ]
+    knobs = ", ".join(f"{k} {v}" for k, v in a["knobs"].items())
+    notes = (
+        f"{a['questions']} NQ questions, {knobs}. `adafuse_code` is {a['speedup_over_authors']:.1f}× faster than "
+        f"their code ({a['speedup_over_authors_batch_8']:.1f}× at batch size 8)."
+    )
+    return "\n\n".join([provenance("authors.json", data), table(header, rows), notes])
+
+
+@renderer("dtypes", "dtypes.json")
+def dtypes(data: dict) -> str:
+    header = ["method", "outputs that differ, bfloat16 vs float32"]
+    rows = [[f"`{m}`", f"{r['differ']}/{r['prompts']}"] for m, r in data["methods"].items()]
+    notes = f"Budget {data['budget']} new tokens per prompt."
+    return "\n\n".join([provenance("dtypes.json", data), table(header, rows), notes])
+
+
+def unrendered(bench_dir: Path) -> str:
+    read = {file for file, _ in RENDERERS.values()}
+    left = sorted(p.name for p in bench_dir.glob("*.json") if p.name not in read)
+    if not left:
+        return "Every file in `results/bench/` is rendered above."
+    return "No table renders these yet:\n\n" + "\n".join(f"- `results/bench/{name}`" for name in left)
+
+
+def render(page: str, bench_dir: Path = BENCH_DIR) -> str:
+    """The page with every bench block rewritten from the JSON files."""
+
+    def block(match: re.Match) -> str:
+        name = match["name"]
+        if name == UNRENDERED:
+            body = unrendered(bench_dir)
+        elif name in RENDERERS:
+            file, function = RENDERERS[name]
+            path = bench_dir / file
+            if not path.is_file():
+                raise RenderError(f"bench:{name} reads {path}, which does not exist")
+            body = function(json.loads(path.read_text()))
+        else:
+            raise RenderError(f"bench:{name} names no renderer; known: {sorted(RENDERERS)} and {UNRENDERED!r}")
+        return f"{match[1]}\n{body}\n\n{match[4]}"
+
+    return BLOCK.sub(block, page)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/speed.md's tables are out of date")
+    args = parser.parse_args(argv)
+    page = PAGE.read_text()
+    rendered = render(page)
+    if args.check:
+        if rendered != page:
+            print(f"{PAGE} is out of date: run python -m tools.render_docs")
+            return 1
+        print(f"{PAGE} is up to date")
+        return 0
+    PAGE.write_text(rendered)
+    print(f"rendered {len(BLOCK.findall(page))} tables into {PAGE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
