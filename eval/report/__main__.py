@@ -1,0 +1,26 @@
+"""python -m eval.report RUN_DIR [RUN_DIR ...] -o report.html: one run's report, or runs side by side."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from adafuse.errors import AdaFuseError
+from eval.report import write_report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval.report", description=__doc__)
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories (results/<task>/<method>/<pair>/<run_id>)")
+    parser.add_argument("-o", "--output", type=Path, default=Path("report.html"), help="the HTML file to write")
+    args = parser.parse_args(argv)
+    try:
+        out = write_report(args.runs, args.output)
+    except AdaFuseError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{out} ({out.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
