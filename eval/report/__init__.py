@@ -24,8 +24,9 @@ from pathlib import Path
 import yaml
 
 from adafuse.errors import DataError
-from eval.bootstrap import standard_error
+from eval.bootstrap import RESAMPLES, standard_error
 from eval.collect import Run
+from eval.metrics import METRICS
 
 # Throughput figures shown per run, in this order (metrics.json "throughput").
 THROUGHPUT = ("seconds_per_example", "generated_tokens_per_second", "forward_passes", "rounds_per_example")
@@ -214,12 +215,25 @@ def query_of(prompt: str) -> str:
     return prompt.rstrip().rsplit("\n\n", 1)[-1]
 
 
-def run_summary(rr: ReportRun) -> dict:
+def standard_errors(run: Run, resamples: int, corpus_resamples: int) -> dict[str, dict]:
+    """Each metric with its bootstrap standard error (eval/bootstrap.py) and the resamples it took: a
+    metric that averages per-example scores takes `resamples`; a corpus metric (BLEU, chrF) is recomputed
+    on every resample, seconds per hundred on a 100-sentence run, so it takes `corpus_resamples`."""
+    out = {}
+    for name, value in run.metrics["metrics"].items():
+        registered = run.config["task"]["metrics"].get(name)
+        if registered is None:  # a metric the task no longer lists: no scorer to resample
+            out[name] = {"value": value, "se": None, "resamples": 0}
+            continue
+        averages = getattr(METRICS[registered].corpus, "averages", None) is not None
+        count = resamples if averages else corpus_resamples
+        out[name] = {"value": value, "se": standard_error(run, name, count), "resamples": count}
+    return out
+
+
+def run_summary(rr: ReportRun, resamples: int, corpus_resamples: int) -> dict:
     run, m = rr.run, rr.run.metrics
-    metrics = {
-        name: {"value": value, "se": standard_error(run, name) if name in run.config["task"]["metrics"] else None}
-        for name, value in m["metrics"].items()
-    }
+    metrics = standard_errors(run, resamples, corpus_resamples)
     return {
         "label": rr.label(),
         "path": str(run.path),
@@ -243,7 +257,11 @@ def run_summary(rr: ReportRun) -> dict:
     }
 
 
-def build_payload(run_dirs: list[Path]) -> dict:
+# BLEU and chrF recomputed this many times take ~10 s on a 100-sentence run (chrF most of it).
+CORPUS_RESAMPLES = 200
+
+
+def build_payload(run_dirs: list[Path], resamples: int = RESAMPLES, corpus_resamples: int = CORPUS_RESAMPLES) -> dict:
     """Everything the page shows. Examples are the first run's, in its order; the other runs' predictions
     join them by id (an example another run did not score shows none for it)."""
     if not run_dirs:
@@ -290,7 +308,11 @@ def build_payload(run_dirs: list[Path]) -> dict:
     shared = shared[: shared.rfind("\n\n") + 2] if "\n\n" in shared else ""
     for example in examples:
         example["prompt"] = example["prompt"][len(shared) :]
-    return {"runs": [run_summary(r) for r in runs], "prompt_prefix": shared, "examples": examples}
+    return {
+        "runs": [run_summary(r, resamples, corpus_resamples) for r in runs],
+        "prompt_prefix": shared,
+        "examples": examples,
+    }
 
 
 def finite(value):
@@ -317,7 +339,7 @@ def render(payload: dict) -> str:
     )
 
 
-def write_report(run_dirs: list[Path], out: Path) -> Path:
+def write_report(run_dirs: list[Path], out: Path, **resamples) -> Path:
     out = Path(out)
-    out.write_text(render(build_payload(run_dirs)), encoding="utf-8")
+    out.write_text(render(build_payload(run_dirs, **resamples)), encoding="utf-8")
     return out

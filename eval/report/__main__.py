@@ -5,16 +5,28 @@ import sys
 from pathlib import Path
 
 from adafuse.errors import AdaFuseError
-from eval.report import write_report
+from eval.bootstrap import RESAMPLES
+from eval.report import CORPUS_RESAMPLES, write_report
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eval.report", description=__doc__)
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (results/<task>/<method>/<pair>/<run_id>)")
     parser.add_argument("-o", "--output", type=Path, default=Path("report.html"), help="the HTML file to write")
+    parser.add_argument(
+        "--resamples", type=int, default=RESAMPLES, help="bootstrap resamples of EM, F1, accuracy (default %(default)s)"
+    )
+    parser.add_argument(
+        "--corpus-resamples",
+        type=int,
+        default=CORPUS_RESAMPLES,
+        help="bootstrap resamples of BLEU and chrF, recomputed on each: slower (default %(default)s)",
+    )
     args = parser.parse_args(argv)
+    if min(args.resamples, args.corpus_resamples) < 2:
+        parser.error("a standard error needs at least 2 resamples")
     try:
-        out = write_report(args.runs, args.output)
+        out = write_report(args.runs, args.output, resamples=args.resamples, corpus_resamples=args.corpus_resamples)
     except AdaFuseError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -85,7 +85,7 @@ function drawRuns() {
       el("td", { class: "num", text: run.n }),
       metricNames.map((name) => {
         const m = run.metrics[name];
-        return el("td", { class: "num", text: m ? `${fmt(m.value)} ± ${fmt(m.se)}` : "" });
+        return el("td", { class: "num", title: m ? `bootstrap over examples, ${m.resamples} resamples` : "", text: m ? `${fmt(m.value)} ± ${fmt(m.se)}` : "" });
       }),
       el("td", { class: "num", text: fmt(t.seconds_per_example) }),
       el("td", { class: "num", text: fmt(t.generated_tokens_per_second) }),
@@ -93,7 +93,9 @@ function drawRuns() {
       el("td", { class: "num", text: fmt(t.rounds_per_example) }),
       el("td", { text: words }));
   });
-  section.append(el("h2", { text: "Runs" }), el("table", { id: "runs-table" }, el("thead", {}, head), el("tbody", {}, rows)));
+  const resamples = [...new Set(RUNS.flatMap((run) => Object.values(run.metrics).map((m) => m.resamples)))].filter(Boolean);
+  section.append(el("h2", { text: "Runs" }), el("table", { id: "runs-table" }, el("thead", {}, head), el("tbody", {}, rows)),
+    el("p", { class: "note", text: `± : the bootstrap standard error over examples (${resamples.join(" or ")} resamples; hover a value for its own). Throughput per model where two numbers are given.` }));
   RUNS.forEach((run, r) => {
     if (!run.has_trace) {
       section.append(el("p", { class: "note notrace", "data-run": r },
