@@ -7,6 +7,7 @@ from pathlib import Path
 from adafuse.errors import AdaFuseError
 from eval.bootstrap import RESAMPLES
 from eval.report import CORPUS_RESAMPLES, write_report
+from eval.report.browser import screenshot
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         default=CORPUS_RESAMPLES,
         help="bootstrap resamples of BLEU and chrF, recomputed on each: slower (default %(default)s)",
     )
+    parser.add_argument("--screenshot", type=Path, help="also a PNG of the page's top, by headless Chromium")
     args = parser.parse_args(argv)
     if min(args.resamples, args.corpus_resamples) < 2:
         parser.error("a standard error needs at least 2 resamples")
@@ -31,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"{out} ({out.stat().st_size / 1e6:.1f} MB)")
+    if args.screenshot:
+        print(screenshot(out, args.screenshot))
     return 0
 
 
