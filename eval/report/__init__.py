@@ -211,8 +211,13 @@ def trace_view(method: str, record: dict) -> dict | None:
 
 
 def query_of(prompt: str) -> str:
-    """The part of a few-shot prompt that is this example's: its last paragraph."""
-    return prompt.rstrip().rsplit("\n\n", 1)[-1]
+    """The part of a few-shot prompt that is this example's: its last paragraph, less a last line that is
+    only the answer's label ("Answer:", "German:")."""
+    query = prompt.rstrip().rsplit("\n\n", 1)[-1]
+    lines = query.split("\n")
+    if len(lines) > 1 and lines[-1].endswith(":") and " " not in lines[-1].strip():
+        lines.pop()
+    return "\n".join(lines)
 
 
 def standard_errors(run: Run, resamples: int, corpus_resamples: int) -> dict[str, dict]:

@@ -243,7 +243,7 @@ function drawTable() {
   }
   const body = [];
   for (const ex of rows.slice(0, state.rows)) {
-    body.push(el("tr", { class: "example", "data-id": ex.id, onclick: () => toggle(ex) }, cols.map((col) => el("td", { class: col.numeric ? "num" : "" }, col.cell(ex)))));
+    body.push(el("tr", { class: "example", "data-id": ex.id, onclick: () => toggle(ex) }, cols.map((col) => el("td", { class: col.numeric ? "num" : "text" }, col.cell(ex)))));
     if (opened.has(ex.id)) body.push(detailRow(ex, cols.length));
   }
   table.tBodies[0].replaceChildren(...body);

@@ -10,7 +10,7 @@ from eval.runner import main
 from tests.conftest import SHARED_DATA
 
 # Enough examples for a few rounds and both outcomes, few enough for CI.
-EXAMPLES = {"adafuse": 6, "single": 6, "unite": 2, "sweetspan": 2, "llm_blender": 2}
+EXAMPLES = {"adafuse": 4, "single": 4, "unite": 2, "sweetspan": 2, "llm_blender": 2}
 # Not DeePEn: building its vocabulary transfer for the pair takes minutes.
 
 
