@@ -284,7 +284,8 @@ function detailRow(example, width) {
 function drawTrace(trace, run) {
   const draw = { adafuse: adafuseRounds, sweetspan: spanRounds, unite: uniteSteps, deepen: deepenSteps,
     single: greedySteps, llm_blender: blenderRanking }[trace.kind];
-  return draw ? draw(trace, run) : el("pre", { text: JSON.stringify(trace.steps, null, 1) });
+  return el("div", { class: "trace", "data-kind": trace.kind },
+    draw ? draw(trace, run) : el("pre", { text: JSON.stringify(trace.steps, null, 1) }));
 }
 
 // A table of candidates: each model's NLL on a shaded scale (darker: lower, more likely), the fused score, the winner.

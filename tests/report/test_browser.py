@@ -147,3 +147,28 @@ def test_an_example_expands_to_its_rounds(browser, traced, tmp_path):
         assert page.page.locator(f"tr.detail[data-id='{record['id']}']").count() == 0
     assert page.errors == []
     page.page.close()
+
+
+@pytest.mark.slow
+def test_every_traced_method_draws_its_steps(browser, traced, tmp_path):
+    """Five runs side by side; opening an example draws each one's trace: a row per round or step."""
+    methods = ["adafuse", "single", "unite", "sweetspan", "llm_blender"]
+    out = write_report([traced[m] for m in methods], tmp_path / "all.html", resamples=100)
+    page = Page(browser, out)
+    first = open_run(traced["adafuse"]).ids[0]
+    page.page.click(f"tr.example[data-id='{first}']")
+    detail = page.page.locator(f"tr.detail[data-id='{first}']")
+    drawn = [section.locator(".round").count() for section in detail.locator("div.trace").all()]
+    expected = []
+    for method in methods:
+        trace = ReportRun(open_run(traced[method])).by_id[first]["trace"]
+        expected.append(
+            len(trace["rounds"])
+            if method == "adafuse"
+            else len(trace["steps"][0]["candidates"])
+            if method == "llm_blender"
+            else len(trace["steps"])
+        )
+    assert drawn == expected
+    assert page.errors == []
+    page.page.close()
