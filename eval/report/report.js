@@ -243,7 +243,7 @@ function drawTable() {
   }
   const body = [];
   for (const ex of rows.slice(0, state.rows)) {
-    body.push(el("tr", { class: "example", "data-id": ex.id, onclick: () => toggle(ex) }, cols.map((col) => el("td", { class: col.numeric ? "num" : "text" }, col.cell(ex)))));
+    body.push(el("tr", { class: "example", "data-id": ex.id, onclick: (e) => toggle(ex, e.currentTarget, cols.length) }, cols.map((col) => el("td", { class: col.numeric ? "num" : "text" }, col.cell(ex)))));
     if (opened.has(ex.id)) body.push(detailRow(ex, cols.length));
   }
   table.tBodies[0].replaceChildren(...body);
@@ -254,9 +254,15 @@ function drawTable() {
   more.textContent = `show ${Math.min(PAGE_ROWS, rows.length - state.rows)} more of ${rows.length - state.rows}`;
 }
 
-function toggle(example) {
-  if (opened.has(example.id)) opened.delete(example.id); else opened.add(example.id);
-  drawTable();
+// Opening or closing one example touches its own detail row only, not the rows drawn around it.
+function toggle(example, row, width) {
+  if (opened.has(example.id)) {
+    opened.delete(example.id);
+    row.nextElementSibling.remove();
+  } else {
+    opened.add(example.id);
+    row.after(detailRow(example, width));
+  }
 }
 
 // ---- one example -----------------------------------------------------------------------------------------
