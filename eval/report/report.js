@@ -346,7 +346,7 @@ function uniteSteps(trace, run) {
 function deepenSteps(trace, run) {
   const rows = trace.steps.map((step, s) => el("tr", { class: "round", "data-round": s },
     el("td", { text: s }), el("td", { text: step.argmax.join(" / ") }), el("td", { text: step.token }),
-    el("td", { text: step.fused ? "fused" : "skipped" }), el("td", { text: step.loss.length ? `${fmt(step.loss[0], 3)} → ${fmt(step.loss[1], 3)}` : "" })));
+    el("td", { text: step.fused ? "fused" : "skipped" }), el("td", { text: step.loss.length ? `${step.loss[0].toPrecision(3)} → ${step.loss[1].toPrecision(3)}` : "" })));
   return el("table", {}, el("thead", {}, el("tr", {}, ["step", `argmax ids (${run.models.join(" / ")})`, "chosen id", "ensemble", "loss first → last"].map((t) => el("th", { text: t })))), el("tbody", {}, rows));
 }
 

@@ -9,9 +9,9 @@ from conf.compose import compose_run
 from eval.runner import main
 from tests.conftest import SHARED_DATA
 
-# Enough examples for a few rounds and both outcomes, few enough for CI.
+# Enough for several rounds and a stop string cut inside a winner (NQ's first examples), few enough for CI.
 EXAMPLES = {"adafuse": 4, "single": 4, "unite": 2, "sweetspan": 2, "llm_blender": 2}
-# Not DeePEn: building its vocabulary transfer for the pair takes minutes.
+# Not DeePEn: building its vocabulary transfer for the pair takes ~15 minutes in a fresh cache (CI's).
 
 
 def traced_run(root: Path, method: str, *extra: str) -> Path:
