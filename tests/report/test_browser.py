@@ -40,11 +40,20 @@ class Page:
 
     def __init__(self, browser, path: Path):
         self.errors = []
+        self.fetched = []  # anything but the file itself: the page must need no network
         self.page = browser.new_page()
+        self.page.route("**/*", self.only_the_file)
         self.page.on("console", lambda msg: self.errors.append(msg.text) if msg.type == "error" else None)
         self.page.on("pageerror", lambda err: self.errors.append(str(err)))
         self.page.goto(path.resolve().as_uri())
         self.page.wait_for_selector("body[data-ready=true]")
+
+    def only_the_file(self, route):
+        if route.request.url == self.page.url or route.request.url.startswith("file://"):
+            route.continue_()
+        else:
+            self.fetched.append(route.request.url)
+            route.abort()
 
     def shown(self) -> int:
         """How many examples the table says pass the filters; checked against the rows drawn."""
@@ -63,7 +72,7 @@ def grid_page(browser, tmp_path_factory):
 
 def test_opens_from_file_without_errors(grid_page):
     assert grid_page.page.url.startswith("file://")
-    assert grid_page.errors == []
+    assert grid_page.errors == [] and grid_page.fetched == []
     assert grid_page.shown() == 100
     assert grid_page.page.locator("#runs-table tbody tr").count() == 2
     # Neither committed run has a trace: the page gives the command that makes one.
