@@ -1,0 +1,42 @@
+"""python -m eval.report RUN_DIR [RUN_DIR ...] -o report.html: one run's report, or runs side by side."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from adafuse.errors import AdaFuseError
+from eval.bootstrap import RESAMPLES
+from eval.report import CORPUS_RESAMPLES, write_report
+from eval.report.browser import screenshot
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval.report", description=__doc__)
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories (results/<task>/<method>/<pair>/<run_id>)")
+    parser.add_argument("-o", "--output", type=Path, default=Path("report.html"), help="the HTML file to write")
+    parser.add_argument(
+        "--resamples", type=int, default=RESAMPLES, help="bootstrap resamples of EM, F1, accuracy (default %(default)s)"
+    )
+    parser.add_argument(
+        "--corpus-resamples",
+        type=int,
+        default=CORPUS_RESAMPLES,
+        help="bootstrap resamples of BLEU and chrF, recomputed on each: slower (default %(default)s)",
+    )
+    parser.add_argument("--screenshot", type=Path, help="also a PNG of the page's top, by headless Chromium")
+    args = parser.parse_args(argv)
+    if min(args.resamples, args.corpus_resamples) < 2:
+        parser.error("a standard error needs at least 2 resamples")
+    try:
+        out = write_report(args.runs, args.output, resamples=args.resamples, corpus_resamples=args.corpus_resamples)
+    except AdaFuseError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{out} ({out.stat().st_size / 1e6:.1f} MB)")
+    if args.screenshot:
+        print(screenshot(out, args.screenshot))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
