@@ -13,14 +13,11 @@ import argparse
 import json
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from eval.report import open_run, write_report  # noqa: E402
+from eval.report import open_run, write_report
 from eval.report.browser import CHROMIUM, chromium  # noqa: E402
 
 
