@@ -44,7 +44,7 @@ class Session:
 
     A method reads them through read-only properties and changes them only through the methods below
     (`add`, or `append` and `end` for a method with stop rules of its own; `note`, `log`,
-    `set_output_ids`); tests/unit/test_layers.py holds every method to that.
+    `set_output_ids`); tests/unit/test_seams.py holds every method to that.
     """
 
     def __init__(self, members: list[Member], request: Request, *, reserve: int, mask_control: bool = True):

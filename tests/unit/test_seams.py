@@ -56,7 +56,10 @@ def test_the_session_keeps_its_state_private_and_shows_it_read_only():
         assert isinstance(shown, property) and shown.fset is None, name
 
 
-@pytest.mark.parametrize("path", python_files("adafuse", "baselines", "eval", "scripts"), ids=relative)
+CODE_FOLDERS = ("adafuse", "baselines", "eval", "scripts", "tools", "oracles")
+
+
+@pytest.mark.parametrize("path", python_files(*CODE_FOLDERS), ids=relative)
 def test_no_code_outside_the_session_touches_its_private_state(path):
     if path == SESSION:
         return
