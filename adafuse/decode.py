@@ -81,15 +81,15 @@ class Candidate:
 def decode(s: Session, cfg: AdaFuseConfig) -> None:
     """Decode the session's request with its members (K >= 1), round after round (spec §3-§5)."""
     while not s.done:
-        round_idx = s.stats.rounds
+        round_idx = s.rounds
         proposals, model_rounds = zip(*(propose(m, cfg, round_idx) for m in s.members))
         pool = build_pool(proposals)
         for k, m in enumerate(s.members):
             score_candidates(m, k, pool, round_idx)
         fused = [sum(sc.nll for sc in c.scores) / len(s.members) for c in pool]
         winner = choose_winner(fused)
-        if s.record:
-            s.record.rounds.append(_round_trace(round_idx, model_rounds, pool, fused, winner))
+        if s.tracing:
+            s.log_round(_round_trace(round_idx, model_rounds, pool, fused, winner))
         commit_winner(s.members, s, pool[winner])
 
 
@@ -274,8 +274,7 @@ def commit_winner(members: list[Member], s: Session, best: Candidate) -> None:
     for k, m in enumerate(members):
         m.commit(*best.homes[k], best.text)
         m.check_invariant()
-    s.stats.words_per_round.append(best.words)
-    s.add(best.text, eos=best.eos)
+    s.add(best.text, eos=best.eos, words=best.words)
 
 
 def choose_winner(fused: list[float]) -> int:

@@ -48,12 +48,12 @@ def decode(s: Session, cfg: SingleConfig) -> None:
         # Decode the whole output each step: a lone token may hold part of a multi-byte character.
         shown = m.text_of([t for t in generated if t not in m.control_ids], prompt_ids)
         new = "" if ends_inside_char(shown) else shown[len(s.text) :]
-        if s.record:
-            s.record.steps.append(GreedyStep(token, m.logprobs[token].item(), new))
+        if s.tracing:
+            s.log(GreedyStep(token, m.logprobs[token].item(), new))
         # Like generate(), the last token is never read: nothing would use its logits.
         if not s.add(new, unread=1):
             m.append_ids([token], new)
-    s.output_ids = [generated]
+    s.set_output_ids([generated])
 
 
 METHOD = Method(SingleConfig, decode, positions_needed, members_used, raw_distribution=True)

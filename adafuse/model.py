@@ -28,7 +28,7 @@ from transformers.cache_utils import DynamicLayer
 
 from adafuse.errors import ConfigError, ContextLengthError, DataError
 from adafuse.projection import block_output_projection
-from adafuse.tokens import TokenBytes, token_bytes
+from adafuse.tokens import TokenBytes, token_bytes, vocabulary_bytes
 from adafuse.words import Detokenizer, ends_inside_char
 
 log = logging.getLogger(__name__)
@@ -202,10 +202,28 @@ class Member:
         messages = [{"role": "user", "content": prompt}]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def encode(self, text: str) -> list[int]:
-        # Plain prompts take the tokenizer's default special tokens (Gemma's <bos>); a rendered chat
-        # template already holds its own, so adding them again would double the BOS.
-        return self.tokenizer.encode(text, add_special_tokens=not self.chat_template)
+    def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
+        """`text`'s ids as the tokenizer encodes it (a string that spells a special token becomes it);
+        special tokens added as for a prompt unless `add_special_tokens` says otherwise."""
+        if add_special_tokens is None:
+            # Plain prompts take the tokenizer's default special tokens (Gemma's <bos>); a rendered chat
+            # template already holds its own, so adding them again would double the BOS.
+            add_special_tokens = not self.chat_template
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids: list[int]) -> str:
+        """`ids` decoded on their own as the tokenizer does by default, special tokens spelled out (what
+        a caller of `generate` reads; `text_of` decodes a span in its context, as spec §2 does)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    @property
+    def eos_token(self) -> str | None:
+        """The tokenizer's end-of-sequence token as text (None where it names none)."""
+        return self.tokenizer.eos_token
+
+    def vocabulary_bytes(self) -> tuple[str, list[bytes | None]]:
+        """(type, each id's bytes), one per logit column (adafuse/tokens.py `vocabulary_bytes`)."""
+        return vocabulary_bytes(self.tokenizer, self.vocab_size)
 
     def encode_text(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """`text` encoded as text (spec §2): a string that looks like a control token never becomes one.

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from adafuse.model import Member
 from adafuse.stopping import check_budget, cut_at_stop, stop_strings
-from adafuse.trace import Generation, Stats, Trace
+from adafuse.trace import Generation, RoundTrace, Stats, Trace
 
 
 @dataclass(frozen=True)
@@ -36,64 +36,131 @@ class Request:
         return cls(prompt, **fields)
 
 
+STOP_REASONS = ("stop", "eos", "length")  # a stop string, end-of-sequence, the token budget (Stats.stop_reason)
+
+
 class Session:
+    """The one keeper of an example's decode state: G, the statistics, the stop reason and the trace.
+
+    A method reads them through read-only properties and changes them only through the methods below
+    (`add`, or `append` and `end` for a method with stop rules of its own; `note`, `log`,
+    `set_output_ids`); tests/unit/test_seams.py holds every method to that.
+    """
+
     def __init__(self, members: list[Member], request: Request, *, reserve: int, mask_control: bool = True):
         """Start every member on the request's prompt. `reserve` is the context the method may use after
         it; `mask_control=False` keeps control tokens in the distribution (`single`, spec §2)."""
-        self.started = time.perf_counter()
-        self.members = members
-        self.request = request
+        self._started = time.perf_counter()
+        self._members = members
+        self._request = request
         for m in members:
             m.reset_counters()
             m.start(request.prompt, reserve=reserve, mask_control=mask_control)
-        self.text = ""
-        self.stats = Stats()
-        self.record = Trace(prompt_ids=[list(m.ids) for m in members]) if request.trace else None
-        self.output_ids: list[list[int]] | None = None  # set by a method whose output ids are not all read
+        self._text = ""
+        self._stats = Stats()
+        self._trace = Trace(prompt_ids=[list(m.ids) for m in members]) if request.trace else None
+        self._output_ids: list[list[int]] | None = None  # set by a method whose output ids are not all read
+
+    @property
+    def members(self) -> list[Member]:
+        return self._members
+
+    @property
+    def request(self) -> Request:
+        return self._request
 
     @property
     def stop(self) -> tuple[str, ...]:
-        return self.request.stop
+        return self._request.stop
 
     @property
     def max_new_tokens(self) -> int:
-        return self.request.max_new_tokens
+        return self._request.max_new_tokens
+
+    @property
+    def text(self) -> str:
+        """G, the text generated so far."""
+        return self._text
+
+    @property
+    def rounds(self) -> int:
+        """Rounds (or steps) appended so far: the index of the next one."""
+        return self._stats.rounds
 
     @property
     def done(self) -> bool:
-        return bool(self.stats.stop_reason)
+        return bool(self._stats.stop_reason)
+
+    @property
+    def tracing(self) -> bool:
+        """Whether the request asked for a trace (build what `log` records only then)."""
+        return self._trace is not None
 
     def solo(self, k: int) -> "Session":
         """A session of member k alone on the same request, from where it stands (not started again)."""
         alone = copy.copy(self)
-        alone.started = time.perf_counter()
-        alone.members = [self.members[k]]
-        alone.text, alone.stats, alone.output_ids = "", Stats(), None
-        alone.record = Trace(prompt_ids=[list(self.members[k].ids)]) if self.request.trace else None
+        alone._started = time.perf_counter()
+        alone._members = [self._members[k]]
+        alone._text, alone._stats, alone._output_ids = "", Stats(), None
+        alone._trace = Trace(prompt_ids=[list(self._members[k].ids)]) if self.tracing else None
         return alone
 
-    def add(self, new: str, eos: bool = False, unread: int = 0) -> bool:
+    def add(self, new: str, eos: bool = False, unread: int = 0, words: int | None = None) -> bool:
         """Append one step's text to G and apply the stop rules; True once decoding must stop.
 
         A stop string cuts G before it; `eos` means the step ended at end-of-sequence; the budget is
         used up once any member has `max_new_tokens` generated tokens, counting `unread` ones it has
-        chosen but not read yet (greedy decoding never reads its last token).
+        chosen but not read yet (greedy decoding never reads its last token). `words`: see `append`.
         """
-        self.stats.rounds += 1
-        self.text, cut = cut_at_stop(self.text, new, self.stop)
-        if cut:
-            self.stats.stop_reason = "stop"
+        if self.append(new, words):
+            self.end("stop")
         elif eos:
-            self.stats.stop_reason = "eos"
-        elif any(len(m.generated_ids) + unread >= self.max_new_tokens for m in self.members):
-            self.stats.stop_reason = "length"
+            self.end("eos")
+        elif any(len(m.generated_ids) + unread >= self.max_new_tokens for m in self._members):
+            self.end("length")
         return self.done
+
+    def append(self, new: str, words: int | None = None) -> bool:
+        """Append one round's text to G, cut before the first stop string; True if one cut it. `words`,
+        if given, is the round's count of words (`Stats.words_per_round`). A method whose other stop
+        rules are its own (adafuse_code) calls this and then `end`; every other method calls `add`."""
+        self._stats.rounds += 1
+        if words is not None:
+            self._stats.words_per_round.append(words)
+        self._text, cut = cut_at_stop(self._text, new, self.stop)
+        return cut
+
+    def end(self, reason: str) -> None:
+        """Stop decoding for `reason`, one of STOP_REASONS."""
+        if reason not in STOP_REASONS:
+            raise ValueError(f"a stop reason is one of {STOP_REASONS}, got {reason!r}")
+        self._stats.stop_reason = reason
+
+    def note(self, **facts) -> None:
+        """Report facts of this example in `Stats.notes` (LLM-Blender's chosen member, the authors' pred)."""
+        self._stats.notes.update(facts)
+
+    def log(self, step) -> None:
+        """Record one step of a method other than AdaFuse in the trace (`Trace.steps`), if tracing."""
+        if self._trace is not None:
+            self._trace.steps.append(step)
+
+    def log_round(self, round_: RoundTrace) -> None:
+        """Record one AdaFuse round in the trace (`Trace.rounds`, spec §7), if tracing."""
+        if self._trace is not None:
+            self._trace.rounds.append(round_)
+
+    def set_output_ids(self, ids: list[list[int]]) -> None:
+        """Each member's output ids, for a method whose members have not read all of them (their own
+        `generated_ids` otherwise)."""
+        self._output_ids = ids
 
     def finish(self) -> Generation:
         """The Generation: G, stats with each member's token counts, and the trace if one was kept."""
-        ids = [list(m.generated_ids) for m in self.members] if self.output_ids is None else self.output_ids
-        self.stats.tokens_generated = [len(i) for i in ids]
-        self.stats.tokens_fed = [m.tokens_fed for m in self.members]
-        self.stats.forward_passes = [m.forward_passes for m in self.members]
-        self.stats.seconds = time.perf_counter() - self.started
-        return Generation(text=self.text, stats=self.stats, ids=ids, trace=self.record)
+        members = self._members
+        ids = [list(m.generated_ids) for m in members] if self._output_ids is None else self._output_ids
+        self._stats.tokens_generated = [len(i) for i in ids]
+        self._stats.tokens_fed = [m.tokens_fed for m in members]
+        self._stats.forward_passes = [m.forward_passes for m in members]
+        self._stats.seconds = time.perf_counter() - self._started
+        return Generation(text=self._text, stats=self._stats, ids=ids, trace=self._trace)

@@ -36,16 +36,18 @@ later duplicate overwrites its ids), every model scores every entry by mean NLL 
 (its own ids, or `tokenizer(text, add_special_tokens=False)` for another model's: no leading space),
 the fused score is the mean of the non-NaN scores (an entry with none is skipped), and the lowest
 wins (ties: the earliest entry). The winner is appended after one space, cut at their stop markers.
+Their answer rules (stop markers, `pred`) live in baselines/authors_rules.py, which the paper's scorer
+replicas share.
 
 What the output is. The Generation's text G is exactly what their loop appends after the prompt (their
 `current_prefix` minus the prompt): single spaces between rounds and inside spans, never a newline.
 `stats.notes["authors_pred"]` is their `pred` (the text after the last "Answer:" of prompt + G, or G
 itself when the prompt has none, as GSM8K's, cut before the first `question:`/`note:`/`<`), and
 `stats.notes["authors_stop"]` says what ended their loop ("marker", "boxed", "eos_string", "rounds",
-"no_valid_candidates") or ours ("stop_string", "length"). eval/paper_metrics.py `authors_pred(G)`
-gives the same pred whenever G holds no `question:`, `note:` or `<` (their loop lets one in only
-inside a `\\boxed{...}` span, or in a chunk like `xQuestion:` that their cutting regex, which needs a
-word boundary, leaves whole).
+"no_valid_candidates") or ours ("stop_string", "length"). The scorers' `generation_pred(G)` (used
+by eval/paper_metrics.py) gives the same pred whenever G holds no `question:`, `note:` or `<` (their
+loop lets one in only inside a `\\boxed{...}` span, or in a chunk like `xQuestion:` that their
+cutting regex, which needs a word boundary, leaves whole).
 
 The Request's stop strings and budget (their code has neither):
 - stop strings cut G and end decoding as for every method. G's only whitespace is the single space
@@ -76,7 +78,6 @@ an eos in a call's input stops nothing.
 """
 
 import math
-import re
 import string
 from dataclasses import dataclass, field
 
@@ -86,7 +87,7 @@ from adafuse.errors import ConfigError
 from adafuse.methods import Method
 from adafuse.model import Member, Rows, common_prefix
 from adafuse.session import Session
-from adafuse.stopping import cut_at_stop
+from baselines.authors_rules import appended_text, loop_pred
 
 
 @dataclass
@@ -113,10 +114,6 @@ EXTENSION = 5  # more greedy tokens when the decode holds too few chunks (their 
 WORD_TOKENS = 1 + FIRST_CALL + EXTENSION  # a word slot's tokens, at most
 ROUND_TOKENS = 3 * WORD_TOKENS  # a proposal row: first word, second word, third-word branch
 FOREIGN_PER_TOKEN = 2  # positions allowed per proposer token when another model re-encodes its candidate
-
-_BOXED = re.compile(r"\\?boxed\s*\{", re.IGNORECASE)  # L1076
-_UP_TO_BOX = re.compile(r"(.*?\\?boxed\s*\{[^}]*\})", re.IGNORECASE)  # extract_boxed_answer, L865
-_BEFORE_MARKER = re.compile(r"(.*?)(?:\bquestion\s*:|\bnote\s*:|<)", re.IGNORECASE)  # L860
 
 
 # ---- their text rules -----------------------------------------------------------------------------
@@ -145,38 +142,6 @@ def first_word(text: str, span_length: int) -> str:
     return " ".join((valid or chunks)[:span_length])
 
 
-def before_marker(text: str) -> str:
-    """`clean_text_before_question` (L860): the text before the first `question:`, `note:` (after a
-    word boundary, any case, spaces before the colon allowed) or `<`, stripped."""
-    match = _BEFORE_MARKER.search(text)
-    return match.group(1).strip() if match else text.strip()
-
-
-def up_to_box(text: str) -> str:
-    """`extract_boxed_answer` (L865): the text up to the first `}` after `boxed{`, stripped."""
-    match = _UP_TO_BOX.search(text)
-    return match.group(1).strip() if match else text.strip()
-
-
-def appended_text(selected: str, eos_strings: list[str]) -> tuple[str, str | None]:
-    """What their loop appends for the selected span, and why it stops after it (L1076-1102)."""
-    if _BOXED.search(selected):
-        kept = up_to_box(selected)
-        return (" " + kept if kept else ""), "boxed"
-    if "question:" in selected.lower() or "note:" in selected.lower() or "<" in selected:
-        kept = before_marker(selected)
-        return (" " + kept if kept else ""), "marker"
-    return " " + selected, "eos_string" if any(e in selected for e in eos_strings) else None
-
-
-def authors_pred(prompt: str, text: str) -> str:
-    """Their `pred` (L1105-1109) for the prompt and the generated text G."""
-    prefix = prompt + text
-    if "Answer:" in prefix:
-        return before_marker(prefix.split("Answer:")[-1].strip())
-    return before_marker(prefix.replace(prompt, "", 1).strip())
-
-
 def trim(m: Member, ids: list[int], target: str) -> list[int]:
     """`extract_word_tokens_from_generated` (L89-144): the shortest prefix of `ids` whose stripped decode
     is `target` (any case); else the longest whose decode is a prefix of it; else all `ids`. A prefix
@@ -200,7 +165,7 @@ def trim(m: Member, ids: list[int], target: str) -> list[int]:
 
 
 def _decode(m: Member, ids: list[int]) -> str:
-    return m.tokenizer.decode(ids, skip_special_tokens=False)
+    return m.decode(ids)
 
 
 # ---- greedy rows ------------------------------------------------------------------------------------
@@ -468,7 +433,7 @@ def score_pool(m: Member, k: int, pool: list[Entry], own: dict[str, list[Span | 
     """Model k's score of every entry (compute_span_perplexity, L814-837): the mean NLL of its own ids,
     or of the text encoded alone with no special tokens; the latter read in one batched pass."""
     foreign = [e for e in pool if own[e.text][k] is None]
-    encoded = {e.text: m.tokenizer(e.text, add_special_tokens=False)["input_ids"] for e in foreign}
+    encoded = {e.text: m.encode(e.text, add_special_tokens=False) for e in foreign}
     read = [e.text for e in foreign if encoded[e.text]]
     lps: dict[str, list[float]] = {}
     if read:
@@ -550,7 +515,7 @@ def decode(s: Session, cfg: AdaFuseCodeConfig) -> None:
         raise ConfigError("adafuse_code: their scripts tokenise the plain prompt; set chat_template: false")
     prompt = s.request.prompt
     prompt_ids = [list(m.ids) for m in s.members]
-    eos_strings = [m.tokenizer.eos_token for m in s.members if m.tokenizer.eos_token]
+    eos_strings = [m.eos_token for m in s.members if m.eos_token]
     why, seeds = "", [None] * len(s.members)
     for round_idx in range(cfg.max_rounds):
         spans, rows, margins = zip(*(propose(m, cfg, seed) for m, seed in zip(s.members, seeds)))
@@ -561,10 +526,7 @@ def decode(s: Session, cfg: AdaFuseCodeConfig) -> None:
         scored = [e for e in pool if e.fused is not None]
         best = min(scored, key=lambda e: e.fused) if scored else None  # ties: the earliest entry
         new, stop = appended_text(best.text, eos_strings) if best else ("", "no_valid_candidates")
-        s.text, cut = cut_at_stop(s.text, new, s.stop)
-        s.stats.rounds += 1
-        s.stats.words_per_round.append(len(new.split()))
-        stop = "stop_string" if cut else stop
+        stop = "stop_string" if s.append(new, words=len(new.split())) else stop
         ids = None
         if stop is None and round_idx + 1 == cfg.max_rounds:
             stop = "rounds"
@@ -572,9 +534,9 @@ def decode(s: Session, cfg: AdaFuseCodeConfig) -> None:
             ids = [m.encode(prompt + s.text) for m in s.members]
             if any(len(i) - common_prefix(i, p) >= s.max_new_tokens for i, p in zip(ids, prompt_ids)):
                 stop = "length"
-        if s.record:
+        if s.tracing:
             props = [Proposal(d, [(sp.text, sp.ids) for sp in sps]) for sps, d in zip(spans, margins)]
-            s.record.steps.append(CodeRound(round_idx, props, pool, best.text if best else None, new, stop))
+            s.log(CodeRound(round_idx, props, pool, best.text if best else None, new, stop))
         if stop is not None:
             why = stop
             break
@@ -584,10 +546,10 @@ def decode(s: Session, cfg: AdaFuseCodeConfig) -> None:
         for m, seed, m_ids in zip(s.members, seeds, ids):
             if seed is None:
                 _read_prefix(m, m_ids, new)
-    s.stats.stop_reason = STOP_REASONS[why]
-    s.stats.notes.update(authors_pred=authors_pred(prompt, s.text), authors_stop=why)
+    s.end(STOP_REASONS[why])
+    s.note(authors_pred=loop_pred(prompt, s.text), authors_stop=why)
     outputs = [m.encode(prompt + s.text) for m in s.members]
-    s.output_ids = [i[common_prefix(i, p) :] for i, p in zip(outputs, prompt_ids)]
+    s.set_output_ids([i[common_prefix(i, p) :] for i, p in zip(outputs, prompt_ids)])
 
 
 def _read_prefix(m: Member, ids: list[int], text: str) -> None:

@@ -187,8 +187,8 @@ def decode(s: Session, cfg: DeepenConfig) -> None:
         if not skip:
             q = sum(w * anchor_distribution(t, m.logprobs, cfg.support) for w, t, m in zip(weights, transfers, members))
             token, losses = inverse_map(transfers[index], main.logprobs, q, cfg, main.tokens.can_start)
-        if s.record:
-            s.record.steps.append(Step(argmax, not skip, token, losses))
+        if s.tracing:
+            s.log(Step(argmax, not skip, token, losses))
         if token in main.eos_ids:
             s.add("", eos=True)
             break

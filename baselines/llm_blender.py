@@ -31,7 +31,7 @@ from adafuse.errors import NumericsError, UnknownNameError
 from adafuse.methods import Method
 from adafuse.model import Member
 from adafuse.session import Session
-from adafuse.trace import Score, Trace
+from adafuse.trace import Score
 from baselines.pairrm import check_pairrm_path, pairrm
 
 RANKERS = ("nll", "pairrm")
@@ -95,13 +95,11 @@ def decode(s: Session, cfg: LLMBlenderConfig) -> None:
             best = max(range(len(candidates)), key=ranking.scores.__getitem__)
         ranking.chosen = texts.index(candidates[best])
     chosen = answers[ranking.chosen]
-    s.text = chosen.text
-    s.output_ids = [a.ids[0] for a in answers]
-    s.stats.stop_reason = chosen.stats.stop_reason
-    s.stats.rounds = 1
-    s.stats.notes = {"ranker": cfg.ranker, "ranked": len(candidates) > 1, "chosen": ranking.chosen}
-    if s.record:
-        s.record = Trace(prompt_ids=[a.trace.prompt_ids[0] for a in answers], steps=[ranking])
+    s.append(chosen.text)  # one round; it holds no stop string (greedy decoding cut it before one)
+    s.end(chosen.stats.stop_reason)
+    s.set_output_ids([a.ids[0] for a in answers])
+    s.note(ranker=cfg.ranker, ranked=len(candidates) > 1, chosen=ranking.chosen)
+    s.log(ranking)  # the trace's prompt ids are the answers' own: each member started once, on the prompt
 
 
 def rank_by_nll(

@@ -157,18 +157,18 @@ def positions_needed(cfg: SweetSpanConfig, max_new_tokens: int) -> int:
 def decode(s: Session, cfg: SweetSpanConfig) -> None:
     """Decode the session's request with its members (K >= 1), one span per round."""
     while not s.done:
-        round_idx = s.stats.rounds
+        round_idx = s.rounds
         pool = build_pool([[propose_span(m, cfg, s.text, s.stop)] for m in s.members])
         for k, m in enumerate(s.members):
             score_candidates(m, k, pool, round_idx)
         fused, kept = fused_scores([[score.nll for score in c.scores] for c in pool], cfg)
         winner = choose_winner(fused)
-        if s.record:
+        if s.tracing:
             spans = [
                 SpanCandidate(c.text, c.eos, c.proposers, c.words, c.scores, keep, f)
                 for c, keep, f in zip(pool, kept, fused)
             ]
-            s.record.steps.append(SpanRound(round_idx, spans, winner))
+            s.log(SpanRound(round_idx, spans, winner))
         commit_winner(s.members, s, pool[winner])
 
 

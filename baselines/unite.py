@@ -144,8 +144,7 @@ def decode(s: Session, cfg: UniteConfig) -> None:
     memos = [{} for _ in members]  # per member: union text -> its first sub-token, for this example
     while True:
         step, tops = fuse(members, vocabs, weights, cfg.top_k, memos)
-        if s.record:
-            s.record.steps.append(step)
+        s.log(step)
         entry = step.union[step.winner]
         if entry is EOS:
             s.add("", eos=True)

@@ -19,13 +19,13 @@ Llama 2's, only does so at position 0, which a prompt always occupies).
 
 import hashlib
 import json
+import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
 
 from adafuse.errors import ConfigError
-from adafuse.tokens import vocabulary_bytes
 
 
 @dataclass
@@ -39,11 +39,10 @@ class Vocabulary:
     bare_space: frozenset[int] = frozenset()  # ids whose text is exactly " "
 
     @classmethod
-    def build(cls, tokenizer, size: int, excluded=frozenset()) -> "Vocabulary":
-        """Normalise `tokenizer`'s vocabulary; `size` is the logits' width, `excluded` the ids that are
-        never text (control and eos ids)."""
-        kind, raws = vocabulary_bytes(tokenizer, size)
-        texts: list[str | None] = [None] * size
+    def build(cls, kind: str, raws: list[bytes | None], excluded=frozenset()) -> "Vocabulary":
+        """Normalise a vocabulary of type `kind` from each logit column's bytes (adafuse/tokens.py
+        `vocabulary_bytes`); `excluded` are the ids that are never text (control and eos ids)."""
+        texts: list[str | None] = [None] * len(raws)
         partial = set()
         for i, raw in enumerate(raws):
             if i in excluded or not raw:
@@ -76,15 +75,18 @@ class Vocabulary:
         return self.index.get(text, [])
 
 
+_VOCABULARIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (key, Vocabulary)
+
+
 def vocabulary_of(member) -> Vocabulary:
-    """The member's normalised vocabulary, built once per tokenizer and remembered on the tokenizer
-    (members that share a tokenizer, like clones, share it)."""
+    """The member's normalised vocabulary, built once per loaded model (its tokenizer is loaded with it;
+    clones of a member share both) and remembered while the model lives."""
     excluded = frozenset(member.control_ids) | frozenset(member.eos_ids)
     key = (member.vocab_size, excluded)
-    cached = getattr(member.tokenizer, "_adafuse_vocabulary", None)
+    cached = _VOCABULARIES.get(member.model)
     if cached is None or cached[0] != key:
-        cached = (key, Vocabulary.build(member.tokenizer, member.vocab_size, excluded))
-        member.tokenizer._adafuse_vocabulary = cached
+        cached = (key, Vocabulary.build(*member.vocabulary_bytes(), excluded))
+        _VOCABULARIES[member.model] = cached
     return cached[1]
 
 

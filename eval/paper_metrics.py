@@ -1,7 +1,8 @@
 """Replicas of the AdaFuse authors' lenient scorers (CCM0111/AdaFuse `evaluation/`, research notes §5).
 
 They let our numbers sit beside the paper's Table 1; report them next to the standard metrics, never
-instead of them. Each takes the raw generation and extracts its answer the authors' way (`authors_pred`).
+instead of them. Each takes the raw generation and extracts its answer the authors' way (`authors_pred`:
+baselines/authors_rules.py `generation_pred`, the rules `method=adafuse_code` decodes by).
 
 Number words follow the authors' scripts as they run once `word2number` is importable (their requirements.txt
 lists it; as shipped, eval_nq.py and eval_squad.py never import it and crash with NameError on most answers, so
@@ -24,6 +25,7 @@ import unicodedata
 from sacrebleu.metrics import BLEU
 from word2number import w2n
 
+from baselines.authors_rules import generation_pred as authors_pred
 from eval.metrics import (
     METRICS,
     Metric,
@@ -34,25 +36,6 @@ from eval.metrics import (
     spbleu_available,
     squad_normalize,
 )
-
-_STOP_MARKERS = re.compile(r"question:|note:|<", re.IGNORECASE)
-# what their writer's clean_text_before_question can still find once the stop markers are gone
-_SPACED_MARKERS = re.compile(r"\bquestion\s*:|\bnote\s*:", re.IGNORECASE)
-
-
-def cut_at_stop_markers(generation: str) -> str:
-    """Where the authors' decoding loop stopped: the generation before the first "question:", "note:" or "<"
-    (any case), stripped."""
-    return _STOP_MARKERS.split(generation, maxsplit=1)[0].strip()
-
-
-def authors_pred(generation: str) -> str:
-    """The authors' `pred` for a generation: what their loop kept (`cut_at_stop_markers`), then their writer's
-    extraction: the text after the last "Answer:" (our generation starts after the prompt's, but may hold more),
-    cut at "question :" or "note :" (a space before the colon, which the stop rule misses), stripped."""
-    kept = cut_at_stop_markers(generation).split("Answer:")[-1]
-    return _SPACED_MARKERS.split(kept, maxsplit=1)[0].strip()
-
 
 # --- QA: NQ, SQuAD, TriviaQA ---------------------------------------------------------------------------------
 

@@ -115,7 +115,7 @@ class FakeAdded:
 
 
 class FakeTokenizer:
-    """Just what Vocabulary.build reads: get_vocab() and added_tokens_decoder."""
+    """Just what adafuse.tokens.vocabulary_bytes reads: get_vocab() and added_tokens_decoder."""
 
     def __init__(self, pieces: list[str], added: dict[int, str] | None = None):
         self.pieces = {p: i for i, p in enumerate(pieces)}

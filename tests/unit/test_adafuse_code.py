@@ -1,32 +1,22 @@
-"""The authors' text rules as `method=adafuse_code` writes them (baselines/adafuse_code.py), on literal
-inputs; cases the recordings of their code never reach (boxed answers, NaN scores, an eos string)
-included. Line numbers are AdaFuse_two_models.py's."""
+"""The authors' text rules as `method=adafuse_code` writes them (baselines/adafuse_code.py, and their
+answer rules in baselines/authors_rules.py), on literal inputs; cases the recordings of their code never
+reach (boxed answers, NaN scores, an eos string) included. Line numbers are AdaFuse_two_models.py's."""
 
 import math
 from types import SimpleNamespace
 
 import pytest
 
-from baselines.adafuse_code import (
-    Span,
-    acceptable,
-    appended_text,
-    authors_pred,
-    build_pool,
-    first_word,
-    fuse,
-    trim,
-)
+from baselines.adafuse_code import Span, acceptable, build_pool, first_word, fuse, trim
+from baselines.authors_rules import appended_text, generation_pred, loop_pred
 
 NQ_PROMPT = "Question: who sang it\nAnswer: Prince\n\nQuestion: when was the last time anyone was on the moon\nAnswer:"
 GSM_PROMPT = "Question: 2 + 2?\nLet's think step by step\n2 + 2 = 4.\n\nQuestion: 3 + 4?\nLet's think step by step\n"
 
 
 def member(pieces: dict[int, str]):
-    """A stand-in member whose tokenizer decodes each id to a fixed piece."""
-    return SimpleNamespace(
-        tokenizer=SimpleNamespace(decode=lambda ids, skip_special_tokens: "".join(pieces[i] for i in ids))
-    )
+    """A stand-in member that decodes each id to a fixed piece."""
+    return SimpleNamespace(decode=lambda ids: "".join(pieces[i] for i in ids))
 
 
 @pytest.mark.parametrize(
@@ -78,9 +68,22 @@ def test_what_their_loop_appends_and_why_it_stops(selected, appended, stop):
 
 
 def test_pred_is_after_the_last_answer_or_the_whole_generation():
-    assert authors_pred(NQ_PROMPT, " 1969") == "1969"
-    assert authors_pred(NQ_PROMPT, " x Answer: y Question: z") == "y"  # a generated "Answer:" moves the split
-    assert authors_pred(GSM_PROMPT, " 3 + 4 = 7. note: done") == "3 + 4 = 7."  # no "Answer:" in a GSM8K prompt
+    assert loop_pred(NQ_PROMPT, " 1969") == "1969"
+    assert loop_pred(NQ_PROMPT, " x Answer: y Question: z") == "y"  # a generated "Answer:" moves the split
+    assert loop_pred(GSM_PROMPT, " 3 + 4 = 7. note: done") == "3 + 4 = 7."  # no "Answer:" in a GSM8K prompt
+
+
+@pytest.mark.parametrize("generated", [" 1969", " x Answer: y", " Paris. Note : a guess", " so \\boxed{4}"])
+def test_the_scorers_read_the_pred_of_their_loop_from_its_text(generated):
+    # what the paper_* scorers extract from adafuse_code's G is what their writer extracted
+    assert generation_pred(generated) == loop_pred(NQ_PROMPT, generated)
+    assert generation_pred(generated) == loop_pred(GSM_PROMPT, generated)
+
+
+def test_their_cut_keeps_only_the_markers_line_which_their_join_never_leaves():
+    # their regex does not cross a newline; a generation their loop did not make is read as joined
+    assert loop_pred(NQ_PROMPT, " 3 + 4\n= 7 note : x") == "= 7"
+    assert generation_pred(" 3 + 4\n= 7 note : x") == "3 + 4\n= 7"
 
 
 def test_the_pool_keeps_first_insertion_order_and_a_models_later_duplicate():

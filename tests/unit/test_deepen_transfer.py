@@ -12,6 +12,7 @@ from safetensors import safe_open
 
 import baselines.deepen_transfer as deepen_transfer
 from adafuse.errors import ConfigError
+from adafuse.tokens import vocabulary_bytes
 from baselines.deepen import DeepenConfig
 from baselines.deepen_transfer import build_transfer, dense_transfer_rows, prepare, write_atomic
 from tools.testing import FakeTokenizer
@@ -21,11 +22,11 @@ PIECES_B = ["<eos>", "▁the", "▁cat", "▁sat", "▁on", "▁mat", "<0x0A>", 
 
 
 class FakeMember:
-    """What the preparation reads from a member: tokenizer, vocab_size, control/eos ids, embeddings."""
+    """What the preparation reads from a member: its vocabulary's bytes, control/eos ids, embeddings."""
 
     def __init__(self, name: str, pieces: list[str], seed: int, hidden: int = 8):
         self.name = name
-        self.tokenizer = FakeTokenizer(pieces)
+        self.pieces = pieces
         self.vocab_size = len(pieces)
         self.eos_ids = frozenset({0})
         self.control_ids = frozenset()
@@ -34,6 +35,9 @@ class FakeMember:
 
     def input_embeddings(self) -> torch.Tensor:
         return self.weight
+
+    def vocabulary_bytes(self):
+        return vocabulary_bytes(FakeTokenizer(self.pieces), self.vocab_size)
 
     def encode_text(self, text: str) -> list[int]:
         return []

@@ -4,10 +4,10 @@ import pytest
 import sacrebleu
 from sacrebleu.metrics import BLEU
 
+from baselines.authors_rules import cut_at_stop_markers
 from eval.metrics import METRICS, squad_em
 from eval.paper_metrics import (
     authors_pred,
-    cut_at_stop_markers,
     paper_acc_gsm,
     paper_bleu,
     paper_em_nq,

@@ -4,7 +4,7 @@ vocabularies, and the shared weight checks."""
 import pytest
 
 from adafuse.errors import ConfigError
-from adafuse.tokens import BYTE_LEVEL, SENTENCEPIECE, byte_level_alphabet, detect_type
+from adafuse.tokens import BYTE_LEVEL, SENTENCEPIECE, byte_level_alphabet, detect_type, vocabulary_bytes
 from baselines.vocab import Vocabulary, check_weights, member_weights
 from tools.testing import FakeTokenizer
 
@@ -27,7 +27,7 @@ def test_byte_level_pieces_map_to_their_bytes_and_partial_characters_have_no_tex
     tok = FakeTokenizer(
         ["Ġthe", "Ċ", "ĊĊ", "Ã¼", "ĠÃ", "¼", "Ġ", "<|im_end|>", "<|im_start|>"], {7: "<|im_end|>", 8: "<|im_start|>"}
     )
-    v = Vocabulary.build(tok, size=10, excluded=frozenset({7, 8}))
+    v = Vocabulary.build(*vocabulary_bytes(tok, 10), excluded=frozenset({7, 8}))
     assert v.kind == BYTE_LEVEL
     assert v.texts[:4] == [" the", "\n", "\n\n", "ü"]
     assert v.texts[4] is None and v.texts[5] is None and v.partial == {4, 5}
@@ -39,7 +39,7 @@ def test_byte_level_pieces_map_to_their_bytes_and_partial_characters_have_no_tex
 def test_sentencepiece_pieces_map_spaces_and_byte_fallback():
     pieces = ["<pad>", "▁the", "▁▁", "<0x0A>", "<0xC3>", "▁", "<0x20>", "Ċ", "\n", "\n\n", "ü"]
     tok = FakeTokenizer(pieces, {0: "<pad>", 8: "\n", 9: "\n\n"})
-    v = Vocabulary.build(tok, size=len(pieces), excluded=frozenset({0}))
+    v = Vocabulary.build(*vocabulary_bytes(tok, len(pieces)), excluded=frozenset({0}))
     assert v.kind == SENTENCEPIECE
     assert v.texts[1:4] == [" the", "  ", "\n"]
     assert v.texts[4] is None and v.partial == {4}  # a lone lead byte of a two-byte character
@@ -49,9 +49,10 @@ def test_sentencepiece_pieces_map_spaces_and_byte_fallback():
 
 
 def test_digest_changes_with_any_text():
-    a = Vocabulary.build(FakeTokenizer(["Ġa", "Ġb"]), size=2)
-    b = Vocabulary.build(FakeTokenizer(["Ġa", "Ġc"]), size=2)
-    assert a.digest != b.digest and a.digest == Vocabulary.build(FakeTokenizer(["Ġa", "Ġb"]), size=2).digest
+    a = Vocabulary.build(*vocabulary_bytes(FakeTokenizer(["Ġa", "Ġb"]), 2))
+    b = Vocabulary.build(*vocabulary_bytes(FakeTokenizer(["Ġa", "Ġc"]), 2))
+    again = Vocabulary.build(*vocabulary_bytes(FakeTokenizer(["Ġa", "Ġb"]), 2))
+    assert a.digest != b.digest and a.digest == again.digest
 
 
 @pytest.mark.parametrize("weights", [[0.5, 0.6], [-0.1, 1.1], [0.3, 0.3], [], [float("nan"), 1.0]])
