@@ -224,13 +224,6 @@ class Meeting:
     attention: str
     linear: str
 
-    def __str__(self) -> str:
-        if self.attention == "alone":
-            return "alone (its attention cannot be split)"
-        if self.attention == "merged":
-            return "merged (not exact)"
-        return f"exact: attention per request, linear layers {self.linear.replace('_', ' ')}"
-
 
 @dataclass
 class PassCounts:

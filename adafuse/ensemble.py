@@ -135,8 +135,7 @@ class Ensemble:
             return spec.generate(members, Request.of(item[1], **settings), cfg)
 
         scheduler = scheduler or Scheduler(exact=exact)
-        finished = ((key, gen) for (key, _), gen in decode_many(self.members, items, one, batch_size, scheduler))
-        return DecodeStream(finished, scheduler)
+        return DecodeStream(decode_many(self.members, items, one, batch_size, scheduler), scheduler)
 
     def decode_batch(self, prompts: list[str | Request], **kwargs) -> list[Generation]:
         """`decode` for many prompts, batched across examples; results in the order of `prompts`."""
@@ -148,15 +147,16 @@ class DecodeStream:
     """The (key, Generation) pairs of `Ensemble.decode_stream` in the order the examples finish, and
     how their forward passes met so far (`batching`)."""
 
-    def __init__(self, finished: Iterator[tuple[object, Generation]], scheduler: Scheduler):
-        self._finished = finished
+    def __init__(self, finished: Iterator[tuple[tuple[object, object], Generation]], scheduler: Scheduler):
+        self._finished = finished  # decode_many's ((key, prompt), Generation) pairs
         self._scheduler = scheduler
 
     def __iter__(self) -> "DecodeStream":
         return self
 
     def __next__(self) -> tuple[object, Generation]:
-        return next(self._finished)
+        (key, _), gen = next(self._finished)
+        return key, gen
 
     def close(self) -> None:
         """Stop early: the examples in flight are cancelled and their worker threads joined."""
