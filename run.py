@@ -18,16 +18,41 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from adafuse.errors import AdaFuseError
 from conf.schema import register
+from eval.results import writable_dir
 from eval.runner import main
 
 log = logging.getLogger("run")
 
 register()
+
+
+def refuse(err: AdaFuseError) -> None:
+    """A bad input: one line that names it, no traceback."""
+    log.error("%s: %s", type(err).__name__, err)
+    sys.exit(2)
+
+
+class CheckRunDir(Callback):
+    """Hydra creates the run directory before `cli` runs, and a traceback is all it says when it cannot:
+    check first (conf/config.yaml registers this), so that an unwritable results_dir is a named error."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        try:
+            writable_dir(Path(config.hydra.run.dir))
+        except AdaFuseError as err:
+            refuse(err)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        try:  # every job's run directory lies below it
+            writable_dir(Path(config.results_dir))
+        except AdaFuseError as err:
+            refuse(err)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -38,8 +63,7 @@ def cli(cfg: DictConfig) -> float | None:
     except AdaFuseError as err:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise  # the launcher reports the failed job, with this error, when the sweep ends
-        log.error("%s: %s", type(err).__name__, err)  # a bad input: one line that names it, no traceback
-        sys.exit(2)
+        refuse(err)
     log.info("results in %s", run_dir)
     if metrics is None:  # other shards still decoding: the last one to finish writes metrics.json
         return None

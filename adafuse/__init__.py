@@ -1,8 +1,19 @@
 """AdaFuse: adaptive word-level ensemble decoding of LLMs (arXiv 2601.06022), per ../shared/spec/adafuse.md."""
 
+from adafuse.batching import DEFAULT_BATCH_SIZE
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
 from adafuse.ensemble import Ensemble
 from adafuse.session import Request
 from adafuse.trace import Generation, Stats, Trace
 
-__all__ = ["AdaFuseConfig", "Ensemble", "Generation", "ModelConfig", "Request", "SingleConfig", "Stats", "Trace"]
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "AdaFuseConfig",
+    "Ensemble",
+    "Generation",
+    "ModelConfig",
+    "Request",
+    "SingleConfig",
+    "Stats",
+    "Trace",
+]

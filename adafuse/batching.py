@@ -47,7 +47,7 @@ The whole story, in the order it happens:
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import psutil
 import torch
@@ -215,6 +215,25 @@ def _merge(caches: list[DynamicCache], longest: int, width: int) -> DynamicCache
     return merged
 
 
+@dataclass(frozen=True)
+class Meeting:
+    """How one model's requests from different examples meet. Each part of the layer is "merged" (one
+    computation over every request's rows), "per_request" (inside the merged pass, each request's
+    rows on their own: adafuse/invariance.py) or "alone" (no merged passes: each request runs its own)."""
+
+    attention: str
+    linear: str
+
+
+@dataclass
+class PassCounts:
+    """One model's forward passes in a batched run (a prompt read is one pass of one row)."""
+
+    passes: int = 0
+    merged_passes: int = 0  # passes that carried the requests of more than one example
+    rows: int = 0  # rows over all passes
+
+
 @dataclass
 class PassRequest:
     """One forward pass a worker asks for: input ids read after a cache, or a prompt to read."""
@@ -256,19 +275,31 @@ class Scheduler:
         self.resident: dict[int, Resident] = {}  # per weights: the last merged pass's cache, if it may serve the next
         self.reused = 0  # merged passes that read the last one's cache in place
         self.pass_slots: list[list[int]] = []  # the slots of each merged pass's requests, in row order
-        self.how: dict[str, str] = {}  # per model name: how its requests meet ("merged", "split linear", "alone")
+        self.meetings: dict[str, Meeting] = {}  # per model name: how its requests meet
+        self.counts: dict[str, PassCounts] = {}  # per model name: its passes
 
     def _merges(self, member: Member) -> bool:
         """May this member's requests share a pass? With `exact`, only if the model can be split exactly."""
-        if member.name not in self.how:
+        if member.name not in self.meetings:
             if not self.exact:
-                self.how[member.name] = "merged (not exact)"
+                self.meetings[member.name] = Meeting("merged", "merged")
             elif not can_merge_exactly(member.model):
-                self.how[member.name] = "alone (its attention cannot be split)"
+                self.meetings[member.name] = Meeting("alone", "alone")
             else:
-                linear = "merged" if linear_is_row_invariant(member.model) else "per request"
-                self.how[member.name] = f"exact: attention per request, linear layers {linear}"
-        return not self.how[member.name].startswith("alone")
+                linear = "merged" if linear_is_row_invariant(member.model) else "per_request"
+                self.meetings[member.name] = Meeting("per_request", linear)
+        return self.meetings[member.name].attention != "alone"
+
+    def report(self) -> dict[str, dict]:
+        """Per model name, how its requests met and its pass counts, as plain data (a run's metrics.json):
+        {"attention": ..., "linear": ... (see `Meeting`; None before its first decoding pass),
+        "passes": ..., "merged_passes": ..., "rows": ...}."""
+        report = {}
+        for name, counts in self.counts.items():
+            meeting = self.meetings.get(name)
+            how = {"attention": None, "linear": None} if meeting is None else asdict(meeting)
+            report[name] = how | asdict(counts)
+        return report
 
     def forward(self, member: Member, cache, input_ids: torch.Tensor, last_only: bool) -> torch.Tensor:
         """Called by a worker: block until the scheduler has run this pass."""
@@ -339,9 +370,14 @@ class Scheduler:
         except BaseException as err:  # the workers re-raise it; the run stops with the real error
             for r in chunk:
                 r.error = err
+        rows = sum(1 if r.prompt is not None else r.input_ids.shape[0] for r in chunk)
         self.passes += 1
         self.merged += len(chunk) > 1
-        self.rows += sum(1 if r.prompt is not None else r.input_ids.shape[0] for r in chunk)
+        self.rows += rows
+        counts = self.counts.setdefault(chunk[0].member.name, PassCounts())
+        counts.passes += 1
+        counts.merged_passes += len(chunk) > 1
+        counts.rows += rows
         for r in chunk:
             r.done.set()
 

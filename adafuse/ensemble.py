@@ -10,12 +10,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, fields
 from pathlib import Path
 
+import torch
 import yaml
 
 from adafuse.batching import DEFAULT_BATCH_SIZE, Scheduler, decode_many
 from adafuse.config import ModelConfig
 from adafuse.errors import ConfigError, UnknownNameError
-from adafuse.loading import load_pretrained
+from adafuse.loading import load_pretrained, placement
 from adafuse.methods import METHODS
 from adafuse.model import Member
 from adafuse.session import Request
@@ -77,6 +78,32 @@ class Ensemble:
             members.append(Member(cfg.name, tokenizer, model, chat_template=cfg.chat_template))
         return cls(members)
 
+    @classmethod
+    def joined(cls, parts: list["Ensemble | None"]) -> "Ensemble":
+        """One ensemble of the members of `parts`, in order; a None part holds one model's place unloaded
+        (as `from_config(..., load=...)` does), so that models loaded separately decode together."""
+        return cls([member for part in parts for member in ([None] if part is None else part.members)])
+
+    @staticmethod
+    def placement(models) -> list[dict[str, str]]:
+        """Where `from_config` puts each model's weights, resolved ("auto" is never an answer); loads nothing.
+
+        Per model: {"device": "cpu" | "cuda:0" | ..., "dtype": "float32" | "bfloat16" | ..., "gpu": the
+        GPU's name, or None on the CPU}: a GPU's kernels, like the dtype, decide an output's last bits."""
+        places = []
+        for cfg in map(model_config, models):
+            device, dtype = placement(cfg)
+            gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+            places.append({"device": str(device), "dtype": str(dtype).removeprefix("torch."), "gpu": gpu})
+        return places
+
+    def check_prompts_fit(self, prompts: list[str], reserve: int) -> None:
+        """Raise ContextLengthError (or DataError for an empty prompt) before decoding if some prompt
+        leaves any loaded model fewer than `reserve` positions of its context."""
+        for member in filter(None, self.members):
+            for prompt in prompts:
+                member.prompt_ids(prompt, reserve)
+
     def decode(self, prompt: str | Request, *, method="adafuse", **options) -> Generation:
         """Decode one prompt. `method` is a registered name (options are its knobs) or a method config object.
 
@@ -96,11 +123,11 @@ class Ensemble:
         exact: bool = True,
         scheduler: Scheduler | None = None,
         **options,
-    ) -> Iterator[tuple[object, Generation]]:
+    ) -> "DecodeStream":
         """Decode (key, prompt or Request) items with `batch_size` examples in flight (adafuse/batching.py);
-        yields (key, Generation) as each finishes. With `exact` (the default) each Generation equals, bit
-        for bit, what `decode` returns for its request (adafuse/invariance.py); without, up to rounding.
-        Request settings given as keywords apply to every item that is a plain prompt."""
+        iterating yields (key, Generation) as each finishes. With `exact` (the default) each Generation
+        equals, bit for bit, what `decode` returns for its request (adafuse/invariance.py); without, up to
+        rounding. Request settings given as keywords apply to every item that is a plain prompt."""
         options, settings = _split_request_fields(options)
         spec, cfg = resolve_method(method, options)
 
@@ -108,13 +135,38 @@ class Ensemble:
             return spec.generate(members, Request.of(item[1], **settings), cfg)
 
         scheduler = scheduler or Scheduler(exact=exact)
-        for (key, _), gen in decode_many(self.members, items, one, batch_size, scheduler):
-            yield key, gen
+        return DecodeStream(decode_many(self.members, items, one, batch_size, scheduler), scheduler)
 
     def decode_batch(self, prompts: list[str | Request], **kwargs) -> list[Generation]:
         """`decode` for many prompts, batched across examples; results in the order of `prompts`."""
         done = dict(self.decode_stream(enumerate(prompts), **kwargs))
         return [done[i] for i in range(len(prompts))]
+
+
+class DecodeStream:
+    """The (key, Generation) pairs of `Ensemble.decode_stream` in the order the examples finish, and
+    how their forward passes met so far (`batching`)."""
+
+    def __init__(self, finished: Iterator[tuple[tuple[object, object], Generation]], scheduler: Scheduler):
+        self._finished = finished  # decode_many's ((key, prompt), Generation) pairs
+        self._scheduler = scheduler
+
+    def __iter__(self) -> "DecodeStream":
+        return self
+
+    def __next__(self) -> tuple[object, Generation]:
+        (key, _), gen = next(self._finished)
+        return key, gen
+
+    def close(self) -> None:
+        """Stop early: the examples in flight are cancelled and their worker threads joined."""
+        self._finished.close()
+
+    @property
+    def batching(self) -> dict[str, dict]:
+        """Per model name: how its requests met ("attention", "linear": "merged", "per_request" or
+        "alone") and its "passes", "merged_passes" and "rows" (adafuse/batching.py, `Scheduler.report`)."""
+        return self._scheduler.report()
 
 
 def _split_request_fields(options: dict) -> tuple[dict, dict]:

@@ -47,3 +47,13 @@ class BatchMemoryError(AdaFuseError, MemoryError):
 
 class ShardBusyError(AdaFuseError, RuntimeError):
     """Another process is already decoding this shard of the run directory."""
+
+
+class ResumeMismatchError(ConfigError):
+    """A run directory holds predictions made with other settings, or on another device, dtype or torch
+    version: resuming there would mix them in one run. The message says what differs."""
+
+
+class ResultsDirError(AdaFuseError, OSError):
+    """The run directory cannot be created or written (a parent that is a file, no permission, a
+    read-only file system); raised before any model loads."""

@@ -21,7 +21,7 @@ from filelock import FileLock
 
 from adafuse.bundled import BUNDLES
 from adafuse.config import ModelConfig
-from adafuse.errors import ModelFileError
+from adafuse.errors import ConfigError, ModelFileError
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +43,31 @@ def sha256_of(paths: list[Path]) -> str:
 
 
 def resolve_device(device: str) -> torch.device:
+    """The device a model loads on, with its index on a GPU ("auto" -> cuda:0 or cpu): what a run records."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as err:
+        raise ConfigError(f"device {device!r} is not a torch device (e.g. auto, cpu, cuda, cuda:1): {err}") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {device!r}: torch sees no CUDA device here; use device: auto or cpu")
+        if resolved.index is None:
+            resolved = torch.device("cuda", torch.cuda.current_device())
+    return resolved
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, dtype)
+
+
+def placement(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
+    """Where `load_pretrained` puts a model's weights, and in which dtype; loads nothing."""
+    device = resolve_device(cfg.device)
+    return device, resolve_dtype(cfg.dtype, device)
 
 
 def gguf_parts(cfg: ModelConfig) -> list[Path]:
@@ -166,13 +182,11 @@ def load_pretrained(cfg: ModelConfig, cache_dir: Path | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     where = model_location(cfg, cache_dir)
-    device = resolve_device(cfg.device)
+    device, dtype = placement(cfg)
     options = dict(trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **options)
-        model = AutoModelForCausalLM.from_pretrained(
-            where, dtype=resolve_dtype(cfg.dtype, device), device_map={"": device}, **options
-        )
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, device_map={"": device}, **options)
     except OSError as err:
         raise ModelFileError(f"model {cfg.name!r}: cannot load from {where}: {err}") from err
     return tokenizer, model.eval()

@@ -15,7 +15,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from adafuse.batching import DEFAULT_BATCH_SIZE
+from adafuse import DEFAULT_BATCH_SIZE
 from adafuse.config import ModelConfig
 from adafuse.errors import ConfigError
 from adafuse.methods import METHODS
@@ -175,7 +175,9 @@ def register() -> None:
 
 def saved_config(path) -> DictConfig:
     """A run's config.yaml (a plain copy of its composed config) typed again by the schemas, as if
-    composed: its method's schema comes from the store, by name. Needs `register()` first."""
+    composed: its method's schema comes from the store, by name. Its `runtime` record (where it was
+    decoded: eval/results.py) is not a setting and is left out. Needs `register()` first."""
     saved = OmegaConf.load(path)
+    saved.pop("runtime", None)
     method = ConfigStore.instance().load(f"schema/method/{saved.method.name}.yaml").node
     return OmegaConf.merge(OmegaConf.structured(RunConf), {"method": method}, saved)

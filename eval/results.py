@@ -1,11 +1,19 @@
 """A run directory: config.yaml (written first), predictions.jsonl (one flushed line per example),
-metrics.json (atomic). A run killed at any point resumes from it: finished examples are kept,
-a torn last line is dropped, and no example is written twice.
+batching.jsonl (one line per decoding process: how its forward passes met), metrics.json (atomic).
+A run killed at any point resumes from it: finished examples are kept, a torn last line is dropped,
+and no example is written twice.
 
 Several processes may write one run directory (the shards of a task, a requeued job whose old copy
-is still alive): each line is appended under a lock on the file, after reading what the others
-appended, so lines never interleave and an example already written is not written again; and a
-shard has one writer at a time (`claim`), a second one is refused with ShardBusyError.
+is still alive): each line is appended under the run's write lock (.write.lock), after reading what
+the others appended, so lines never interleave and an example already written is not written again;
+and a shard has one writer at a time (`claim`), a second one is refused with ShardBusyError.
+
+One run, one way of computing: config.yaml records the settings and `runtime` (torch's version, each
+model's resolved device, dtype and GPU), and a process whose settings or runtime differ from the
+recorded ones may not add predictions (ResumeMismatchError). config.yaml is replaced, and a line
+appended, only under the write lock, and an append first checks that config.yaml is still the one
+its process was admitted under: shards that start at once on different machines never mix, whichever
+writes first.
 """
 
 import fcntl
@@ -13,12 +21,13 @@ import json
 import logging
 import os
 import subprocess
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
-from adafuse.errors import ConfigError, ShardBusyError
+from adafuse.errors import ResultsDirError, ResumeMismatchError, ShardBusyError
 from conf.schema import resumable_settings
 
 log = logging.getLogger(__name__)
@@ -35,28 +44,62 @@ def _flat(tree, prefix="") -> dict:
 
 class RunDir:
     def __init__(self, path: Path, config: dict):
-        self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        """`config`: the run's settings, plus `runtime` where this process decodes (see the module docstring)."""
+        self.path = writable_dir(Path(path))
         self.predictions_path = self.path / "predictions.jsonl"
-        self._check_same_run(config)
-        _atomic_write(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+        self.config_path = self.path / "config.yaml"
+        self.config = config
         self.records: dict[str, dict] = {}  # finished examples by id, every writer's
         self._read_bytes = 0  # how much of predictions.jsonl `records` holds
+        with self._locked():
+            written = self.predictions_path.is_file() and self.predictions_path.stat().st_size > 0
+            if written and self.config_path.is_file():
+                self._check_same_run(yaml.safe_load(self.config_path.read_text()))
+            _atomic_write(self.config_path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+            self._admitted_under = _stamp(self.config_path)
         self.refresh()
 
-    def _check_same_run(self, config: dict) -> None:
-        previous = self.path / "config.yaml"
-        if not previous.is_file() or not self.predictions_path.is_file():
-            return
-        old, new = _flat(yaml.safe_load(previous.read_text())), _flat(config)
+    @contextmanager
+    def _locked(self):
+        """Hold the run's write lock: config.yaml is replaced, and predictions appended, only under it."""
+        with open(self.path / ".write.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            yield
+
+    def _check_same_run(self, recorded: dict) -> None:
+        """Refuse to add to predictions made with other settings or another runtime (ResumeMismatchError)."""
+        recorded = dict(recorded or {})
+        old_runtime, new_runtime = recorded.pop("runtime", None), self.config.get("runtime")
+        old, new = _flat(recorded), _flat({k: v for k, v in self.config.items() if k != "runtime"})
         changed = sorted(
-            k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in resumable_settings(config)
+            k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in resumable_settings(self.config)
         )
         if changed:
-            raise ConfigError(
+            raise ResumeMismatchError(
                 f"{self.path} holds a run with other settings ({', '.join(changed)}); "
                 "resuming would mix predictions. Choose another hydra.run.dir or delete the directory."
             )
+        if old_runtime is None or new_runtime is None:
+            if new_runtime is not None:
+                log.warning("%s: its predictions do not record the device and dtype they were decoded on", self.path)
+            return
+        differences = runtime_differences(old_runtime, new_runtime)
+        if differences:
+            raise ResumeMismatchError(
+                f"{self.path} holds predictions decoded on {describe_runtime(old_runtime)}; this process would "
+                f"decode on {describe_runtime(new_runtime)} ({'; '.join(differences)}). Outputs can differ in "
+                "their last bits between the two, so one run must not mix them: resume it on its recorded "
+                "device and dtype (each model's `device` and `dtype` settings, the same torch), or write this "
+                "one to another directory (results_dir=... or hydra.run.dir=...)."
+            )
+
+    def _check_still_admitted(self) -> None:
+        """Under the append lock: if another process replaced config.yaml since this one was admitted (a
+        shard that started at the same time), check against it as a resume would."""
+        stamp = _stamp(self.config_path)
+        if stamp is not None and stamp != self._admitted_under:
+            self._check_same_run(yaml.safe_load(self.config_path.read_text()))
+            self._admitted_under = stamp
 
     def refresh(self) -> None:
         """Read the lines appended since the last read, by this process or any other."""
@@ -76,8 +119,8 @@ class RunDir:
         """Write one example's line and make it durable before the next example starts; an example
         that another writer finished meanwhile is not written again."""
         line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
-        with open(self.predictions_path, "a+b") as f:  # appends land at the end whatever the position
-            fcntl.flock(f, fcntl.LOCK_EX)  # released when f closes
+        with self._locked(), open(self.predictions_path, "a+b") as f:  # appends land at the end whatever the position
+            self._check_still_admitted()
             _cut_torn_tail(f)
             self.refresh()
             if record["id"] in self.records:
@@ -110,6 +153,29 @@ class RunDir:
             yield
         finally:
             lock.close()
+
+    def append_batching(self, shard: int, examples: int, models: dict[str, dict]) -> None:
+        """Record how one process's forward passes met (`DecodeStream.batching`) after it decoded `examples`."""
+        line = json.dumps({"shard": shard, "examples": examples, "models": models}) + "\n"
+        with open(self.path / "batching.jsonl", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.write(line)
+
+    def batching(self) -> dict[str, dict]:
+        """Per model name: how every process's requests met and their pass counts summed, from
+        batching.jsonl. A mode that differed between processes reads "mixed"."""
+        path = self.path / "batching.jsonl"
+        entries = [_parse(line, path) for line in path.read_bytes().splitlines()] if path.is_file() else []
+        totals: dict[str, dict] = {}
+        for entry in filter(None, entries):
+            for name, report in entry["models"].items():
+                total = totals.setdefault(name, {**report, "passes": 0, "merged_passes": 0, "rows": 0})
+                for key in ("attention", "linear"):
+                    if total[key] != report[key]:
+                        total[key] = "mixed"
+                for key in ("passes", "merged_passes", "rows"):
+                    total[key] += report[key]
+        return totals
 
     def write_metrics(self, metrics: dict) -> None:
         _atomic_write(self.path / "metrics.json", json.dumps(metrics, indent=2, ensure_ascii=False) + "\n")
@@ -145,6 +211,54 @@ def _cut_torn_tail(f) -> None:
     f.seek(0)
     keep = f.read().rfind(b"\n") + 1
     f.truncate(keep)
+
+
+def writable_dir(path: Path) -> Path:
+    """Create `path` if needed and check that files can be written in it; ResultsDirError if not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is a file, not a folder" if blocker else f"{err.strerror}: {err.filename or path}"
+        raise ResultsDirError(
+            f"cannot create or write the run directory {path} ({why}); "
+            "point results_dir (or hydra.run.dir) at a folder this process can write"
+        ) from None
+    return path
+
+
+def runtime_differences(recorded: dict, now: dict) -> list[str]:
+    """What differs between two `runtime` records, one phrase each."""
+    differences = []
+    if recorded.get("torch") != now.get("torch"):
+        differences.append(f"torch {recorded.get('torch')} then, {now.get('torch')} now")
+    old, new = recorded.get("models", []), now.get("models", [])
+    if [m.get("name") for m in old] != [m.get("name") for m in new]:
+        differences.append(f"models {[m.get('name') for m in old]} then, {[m.get('name') for m in new]} now")
+    for then, current in zip(old, new):
+        for key in sorted((then.keys() | current.keys()) - {"name"}):
+            if then.get(key) != current.get(key):
+                differences.append(f"{current.get('name')} {key} {then.get(key)} then, {current.get(key)} now")
+    return differences
+
+
+def describe_runtime(runtime: dict) -> str:
+    models = ", ".join(
+        f"{m.get('name')} {m.get('dtype')} on {m.get('device')}" + (f" ({m['gpu']})" if m.get("gpu") else "")
+        for m in runtime.get("models", [])
+    )
+    return f"{models or 'no models'} with torch {runtime.get('torch')}"
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """Which version of a file this is: an atomic replace gives it a new inode."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -1,9 +1,13 @@
 """One evaluation run: decode a task's examples with a method, score them, write and log the results.
 
 Order of work (each step can fail with a named error before the next costs anything):
-compose -> typed settings and range checks -> task names, data files and prompts -> run directory
+compose -> typed settings and range checks -> task names, data files and prompts -> where each model
+will run (device, dtype) -> run directory (writable, same settings and runtime as its predictions)
 and this shard's claim -> model files and weights -> context lengths -> decoding (resumable) ->
 metrics, once every shard's examples have predictions.
+
+The runner reaches the engine only through its public API (`adafuse.Ensemble` and the config,
+error and method registries): tests/unit/test_layers.py holds it there.
 """
 
 import json
@@ -16,16 +20,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from adafuse import Ensemble
-from adafuse.batching import Scheduler
+from adafuse import Ensemble, Request
 from adafuse.config import ModelConfig
 from adafuse.errors import ConfigError
 from adafuse.methods import METHODS
-from adafuse.model import Member
-from adafuse.session import Request
 from conf.schema import saved_config
 from eval.results import RunDir, git_sha
 from eval.tasks import Task, resolve_data_dir
@@ -57,7 +59,7 @@ def main(cfg: DictConfig, run_dir: Path) -> dict | None:
     mine = task.examples[shard::num_shards]
     prompts = {ex.id: task.prompt(ex) for ex in mine}
 
-    config = OmegaConf.to_container(cfg, resolve=True)
+    config = {**OmegaConf.to_container(cfg, resolve=True), "runtime": runtime_of(models)}
     out = RunDir(run_dir, config)
     if settings.threads:
         torch.set_num_threads(settings.threads)
@@ -79,7 +81,8 @@ def main(cfg: DictConfig, run_dir: Path) -> dict | None:
             done = [out.records[ex.id]["scores"] for ex in mine if ex.id in out.records]
             tracker.resume([{k: v * task.metrics[k].scale for k, v in scores.items()} for scores in done])
             ensemble = load_ensemble(pair, used, settings.cache_dir)
-            check_context(ensemble, [prompts[ex.id] for ex in todo], task, method)
+            reserve = METHODS[method.name].positions_needed(method, task.cfg.max_new_tokens)
+            ensemble.check_prompts_fit([prompts[ex.id] for ex in todo], reserve)
             decode_all(ensemble, task, todo, prompts, method, settings, out, tracker)
         out.refresh()  # the other shards' predictions
         metrics = finish(task, out, settings, models)
@@ -93,16 +96,25 @@ def decoding_models(settings) -> list[ModelConfig]:
     return [pair[i] for i in METHODS[settings.method.name].members_used(settings.method, len(pair))]
 
 
+def runtime_of(models: list[ModelConfig]) -> dict:
+    """What this process decodes on, resolved before any weights load: config.yaml's `runtime`, which a
+    resume must match (eval/results.py). Each model's device, dtype and GPU, and torch's version."""
+    places = Ensemble.placement(models)
+    return {"torch": str(torch.__version__), "models": [{"name": m.name, **p} for m, p in zip(models, places)]}
+
+
 def merge(run_dir: Path) -> dict | None:
     """metrics.json from the predictions that a run's shards wrote (scripts/merge.py); None if some
     examples have none yet (the log names them)."""
-    cfg = saved_config(Path(run_dir) / "config.yaml")
+    path = Path(run_dir) / "config.yaml"
+    cfg = saved_config(path)
     settings = settings_of(cfg)
     models = decoding_models(settings)
     settings.data.dir = resolve_data_dir(settings.data.dir)
     task = Task(settings.task, settings.data)
-    out = RunDir(run_dir, OmegaConf.to_container(cfg, resolve=True))
-    return finish(task, out, settings, models)
+    recorded = yaml.safe_load(path.read_text()).get("runtime")
+    config = OmegaConf.to_container(cfg, resolve=True) | ({"runtime": recorded} if recorded else {})
+    return finish(task, RunDir(run_dir, config), settings, models)
 
 
 def finish(task: Task, out: RunDir, settings, models) -> dict | None:
@@ -119,41 +131,33 @@ def finish(task: Task, out: RunDir, settings, models) -> dict | None:
         )
         return None
     records = [out.records[ex.id] for ex in task.examples]
-    metrics = summary(task, records, settings, models)
+    metrics = summary(task, records, settings, models, out)
     out.write_metrics(metrics)
     log.info("%s", {k: round(v, 2) for k, v in metrics["metrics"].items()})
     return metrics
 
 
-# Members loaded by this process, reused by later runs in it: tests and in-process sweeps call main()
-# many times, and loading weights is the slow part.
-_MEMBERS: dict[str, Member] = {}
+# Models loaded by this process, each as a one-model ensemble, reused by later runs in it: tests and
+# in-process sweeps call main() many times, and loading weights is the slow part.
+_LOADED: dict[str, Ensemble] = {}
 
 
 def load_ensemble(pair: list[ModelConfig], used: list[int], cache_dir: str | None) -> Ensemble:
-    """The pair's ensemble with the `used` members loaded (None elsewhere); a member already loaded is
-    reused, and members of models outside `pair` are dropped, so that a sweep over model pairs holds
-    one pair in memory at a time."""
-    keys = [_member_key(pair, k, cache_dir) for k in range(len(pair))]
-    for key in set(_MEMBERS) - set(keys):
-        del _MEMBERS[key]
+    """The pair's ensemble with the `used` models loaded (None elsewhere); a model already loaded is
+    reused, and models outside `pair` are dropped, so that a sweep over model pairs holds one pair in
+    memory at a time."""
+    keys = [_model_key(pair, k, cache_dir) for k in range(len(pair))]
+    for key in set(_LOADED) - set(keys):
+        del _LOADED[key]
     for k in used:
-        if keys[k] not in _MEMBERS:
-            _MEMBERS[keys[k]] = Ensemble.from_config([pair[k]], cache_dir).members[0]
-    return Ensemble([_MEMBERS[keys[k]] if k in used else None for k in range(len(pair))])
+        if keys[k] not in _LOADED:
+            _LOADED[keys[k]] = Ensemble.from_config([pair[k]], cache_dir)
+    return Ensemble.joined([_LOADED[keys[k]] if k in used else None for k in range(len(pair))])
 
 
-def _member_key(models: list[ModelConfig], k: int, cache_dir: str | None) -> str:
+def _model_key(models: list[ModelConfig], k: int, cache_dir: str | None) -> str:
     # A model listed twice needs two members (a member holds its decoding state): count earlier copies.
     return json.dumps([asdict(models[k]), cache_dir, models[:k].count(models[k])], sort_keys=True)
-
-
-def check_context(ensemble: Ensemble, prompts: list[str], task: Task, method) -> None:
-    """Fail before decoding if any prompt cannot fit with the generation budget."""
-    reserve = METHODS[method.name].positions_needed(method, task.cfg.max_new_tokens)
-    for member in filter(None, ensemble.members):
-        for prompt in prompts:
-            member.prompt_ids(prompt, reserve)
 
 
 def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tracker) -> None:
@@ -163,8 +167,7 @@ def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tra
     done = [r["scores"][primary] for r in out.records.values() if primary in r["scores"]]
     bar = tqdm(total=len(todo), desc=f"{task.name} {method.name}", unit="ex", disable=not settings.progress)
     requests = ((ex, Request(prompts[ex.id], task.cfg.stop, task.cfg.max_new_tokens, settings.trace)) for ex in todo)
-    scheduler = Scheduler(exact=settings.batch_exact)
-    stream = ensemble.decode_stream(requests, batch_size=settings.batch_size, method=method, scheduler=scheduler)
+    stream = ensemble.decode_stream(requests, batch_size=settings.batch_size, method=method, exact=settings.batch_exact)
     # With several examples in flight an example's own seconds overlap the others'; what a run costs is
     # the wall time between finishes, which sums to this process's decoding time at any batch size.
     last_finish = time.perf_counter()
@@ -189,12 +192,17 @@ def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tra
             bar.set_postfix({primary: f"{scale * sum(done) / len(done):.1f}"})
         tracker.log_example(len(out.records), {k: v * task.metrics[k].scale for k, v in scores.items()}, gen.stats)
     bar.close()
-    for name, how in scheduler.how.items():
-        log.info("batching, %s: %s", name, how)
+    batching = stream.batching
+    for name, how in batching.items():
+        log.info(
+            "batching, %s: attention %s, linear layers %s; %d passes, %d of them merged, %d rows",
+            *(name, how["attention"], how["linear"], how["passes"], how["merged_passes"], how["rows"]),
+        )
+    out.append_batching(settings.task.shard, len(todo), batching)
 
 
-def summary(task: Task, records: list[dict], settings, models) -> dict:
-    """metrics.json: what was run, every metric, and throughput."""
+def summary(task: Task, records: list[dict], settings, models, out: RunDir) -> dict:
+    """metrics.json: what was run and where, every metric, throughput, and how the examples' passes met."""
     stats = [r["stats"] for r in records]
     seconds = sum(s.get("run_seconds", s["seconds"]) for s in stats)  # records from before run_seconds: their own
     rounds = sum(s["rounds"] for s in stats)
@@ -210,7 +218,10 @@ def summary(task: Task, records: list[dict], settings, models) -> dict:
         "models": [m.name for m in models],
         "n": len(records),
         "limit": task.cfg.limit,
-        "batching": {"batch_size": settings.batch_size, "exact": settings.batch_exact},
+        # Per model, summed over the processes that decoded (batching.jsonl): how requests met
+        # ("attention"/"linear": merged, per_request or alone) and "passes", "merged_passes", "rows".
+        "batching": {"batch_size": settings.batch_size, "exact": settings.batch_exact, "models": out.batching()},
+        "runtime": out.config.get("runtime"),  # config.yaml's: torch, each model's device, dtype and GPU
         "metrics": task.corpus_scores(records),
         "throughput": {
             "seconds": seconds,

@@ -106,7 +106,7 @@ def shaped_pair_batching(prompts: int, budget: int, data_dir: Path) -> dict:
                     [s.logprob for s in batched[i].trace.steps] == [s.logprob for s in alone[i].trace.steps]
                     for i in range(len(texts))
                 )
-            row[f"batch_8_{label}_how"] = scheduler.how
+            row[f"batch_8_{label}_how"] = scheduler.report()
         report["runs"][name] = row
         print(f"  {name}: {row}", flush=True)
     return report

@@ -62,7 +62,7 @@ def write_run(root: Path, task: str, method: str, correct: list[bool], *override
             | {"references": example.references, "scores": scores, "stats": asdict(stats)}
         )
     records = [out.records[ex.id] for ex in task_.examples]
-    out.write_metrics(summary(task_, records, settings, decoding_models(settings)))
+    out.write_metrics(summary(task_, records, settings, decoding_models(settings), out))
     return out.path
 
 

@@ -20,7 +20,7 @@ CONTROL_TEXT = re.compile(r"<\|[a-z_0-9]+\|>|\[control_\d+\]|\[/?INST\]|\[TOOL_C
 @pytest.mark.parametrize("method", ["adafuse", "unite"])
 def test_the_papers_main_command_runs_on_the_shaped_pair(paper_pair_dir, tmp_path, monkeypatch, method):
     # The runner keeps one pair's members loaded; a pair of its own here leaves the tiny pair's for the other tests.
-    monkeypatch.setattr(eval.runner, "_MEMBERS", {})
+    monkeypatch.setattr(eval.runner, "_LOADED", {})
     cfg = compose_run(
         "model_pair=llama_mistral",
         *overrides(paper_pair_dir),

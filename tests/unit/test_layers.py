@@ -1,6 +1,7 @@
 """The layers of the tree: the engine (adafuse/) imports no layer above it, the installed packages never import
 the repository-only ones (tools/, oracles/, tests/), nothing imports a test module, no file edits sys.path,
-and the methods reach the engine only through the `adafuse.methods` entry points."""
+the runner stays above the engine's facade, and the methods reach the engine only through the
+`adafuse.methods` entry points."""
 
 import ast
 import subprocess
@@ -82,6 +83,28 @@ def test_the_project_imports_itself_as_installed_never_through_sys_path_or_file_
                 if target in {"sys.path.insert", "sys.path.append"} or node.func.attr == "spec_from_file_location":
                     plumbing.append(f"{relative(path)}:{node.lineno}: {target}")
     assert not plumbing
+
+
+# What the runner (eval/, conf/, run.py) may import of the engine: the facade (`adafuse`: Ensemble,
+# Request, ...) and the settings, errors and registries; never the member, the scheduler or a method.
+ENGINE_API = {"adafuse", "adafuse.config", "adafuse.errors", "adafuse.methods", "adafuse.registry"}
+RUNNER = sorted([*(ROOT / "eval").glob("*.py"), *(ROOT / "conf").glob("*.py"), ROOT / "run.py"])
+
+
+@pytest.mark.parametrize("path", RUNNER, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_runner_reaches_the_engine_only_through_its_public_api(path):
+    engine = {name for name in imported_modules(path) if name.split(".")[0] == "adafuse"}
+    assert engine <= ENGINE_API, f"{path.name} imports {sorted(engine - ENGINE_API)}: add a method to the facade"
+    # Nor through an ensemble's members: the only `.members` it reads is a model pair's config.
+    tree = ast.parse(path.read_text(), filename=str(path))
+    reaches = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr == "members"
+        and not (isinstance(node.value, ast.Attribute) and node.value.attr == "model_pair")
+    ]
+    assert not reaches, f"{path.name} reads an ensemble's members at line(s) {reaches}"
 
 
 def test_methods_load_on_first_lookup_through_their_entry_points():

@@ -1,0 +1,135 @@
+"""A run directory admits only processes that compute as its predictions were computed (the same
+settings, torch, and each model's device, dtype and GPU), even when they start at the same time; a
+run directory that cannot be written is a named error; each process's batching report adds up."""
+
+import json
+import multiprocessing
+import re
+
+import pytest
+import yaml
+
+from adafuse.errors import ConfigError, ResultsDirError, ResumeMismatchError
+from eval.results import RunDir, read_predictions
+
+SETTINGS = {"task": {"name": "nq", "limit": 4, "shard": 0, "num_shards": 2}, "method": {"name": "adafuse"}}
+
+
+def runtime(device="cpu", dtype="float32", gpu=None, torch="2.9.1+cpu") -> dict:
+    models = [{"name": "smollm2_135m", "device": device, "dtype": dtype, "gpu": gpu}]
+    return {
+        "torch": torch,
+        "models": models + [{"name": "gemma3_270m", "device": "cpu", "dtype": "float32", "gpu": None}],
+    }
+
+
+def config(shard=0, **where) -> dict:
+    return {**SETTINGS, "task": {**SETTINGS["task"], "shard": shard}, "runtime": runtime(**where)}
+
+
+def record(example_id: str) -> dict:
+    return {"id": example_id, "prediction": "Paris"}
+
+
+@pytest.mark.parametrize(
+    "where, differs",
+    [
+        ({"device": "cuda:0", "dtype": "bfloat16", "gpu": "NVIDIA H200"}, "smollm2_135m device cpu then, cuda:0 now"),
+        ({"dtype": "bfloat16"}, "smollm2_135m dtype float32 then, bfloat16 now"),
+        ({"torch": "2.10.0+cpu"}, "torch 2.9.1+cpu then, 2.10.0+cpu now"),
+    ],
+)
+def test_a_resume_on_another_device_dtype_or_torch_is_refused_and_says_what_differs(tmp_path, where, differs):
+    RunDir(tmp_path, config()).append(record("nq-0"))
+    with pytest.raises(ResumeMismatchError, match=re.escape(differs)) as refused:
+        RunDir(tmp_path, config(shard=1, **where))
+    assert "resume it on its recorded device and dtype" in str(refused.value)
+    assert isinstance(refused.value, ConfigError)  # a bad input, reported on one line by run.py
+    RunDir(tmp_path, config(shard=1))  # the recorded runtime is admitted, from any shard
+
+
+def test_a_run_without_a_recorded_runtime_resumes_and_records_this_one(tmp_path):
+    legacy = RunDir(tmp_path, SETTINGS)  # written before config.yaml recorded where it ran
+    legacy.append(record("nq-0"))
+    RunDir(tmp_path, config())
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["runtime"] == runtime()
+
+
+def test_changed_settings_are_a_resume_mismatch_too(tmp_path):
+    RunDir(tmp_path, config()).append(record("nq-0"))
+    with pytest.raises(ResumeMismatchError, match="method.tau"):
+        RunDir(tmp_path, {**config(), "method": {"name": "adafuse", "tau": 0.5}})
+
+
+def test_shards_that_start_together_on_different_devices_never_mix_predictions(tmp_path):
+    # Both are admitted while no prediction exists; the GPU shard's config.yaml replaces the CPU one's.
+    cpu = RunDir(tmp_path, config(shard=0))
+    gpu = RunDir(tmp_path, config(shard=1, device="cuda:0", dtype="bfloat16", gpu="NVIDIA H200"))
+    gpu.append(record("nq-1"))
+    with pytest.raises(ResumeMismatchError, match="cuda:0"):
+        cpu.append(record("nq-0"))
+    assert list(read_predictions(tmp_path / "predictions.jsonl")) == ["nq-1"]
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["runtime"]["models"][0]["device"] == "cuda:0"
+
+
+def test_shards_on_the_same_runtime_append_after_one_another_replaced_config_yaml(tmp_path):
+    first = RunDir(tmp_path, config(shard=0))
+    second = RunDir(tmp_path, config(shard=1))
+    first.append(record("nq-0"))
+    second.append(record("nq-1"))
+    assert sorted(read_predictions(tmp_path / "predictions.jsonl")) == ["nq-0", "nq-1"]
+
+
+def admit_and_append(path, where: dict, example_id: str, start) -> None:
+    out = RunDir(path, config(**where))
+    start.wait()
+    try:
+        out.append(record(example_id))
+    except ResumeMismatchError:
+        raise SystemExit(3) from None
+
+
+def test_racing_processes_leave_only_predictions_of_the_recorded_runtime(tmp_path):
+    fork = multiprocessing.get_context("fork")
+    start = fork.Barrier(4)
+    places = [{}, {"device": "cuda:0", "dtype": "bfloat16", "gpu": "NVIDIA H200"}] * 2
+    writers = [
+        fork.Process(target=admit_and_append, args=(tmp_path, where, f"nq-{i}", start))
+        for i, where in enumerate(places)
+    ]
+    for p in writers:
+        p.start()
+    for p in writers:
+        p.join()
+    assert {p.exitcode for p in writers} <= {0, 3}
+    recorded = yaml.safe_load((tmp_path / "config.yaml").read_text())["runtime"]["models"][0]["device"]
+    written = read_predictions(tmp_path / "predictions.jsonl")
+    assert written, "some writer had to be admitted"
+    # Every prediction was written by a process on the device config.yaml records.
+    assert {places[int(i.split("-")[1])].get("device", "cpu") for i in written} == {recorded}
+
+
+@pytest.mark.parametrize("layout", ["parent is a file", "run directory is a file"])
+def test_a_run_directory_that_cannot_be_created_is_a_named_error(tmp_path, layout):
+    # Meaningful as root too (CI), whom permissions would not stop.
+    blocker = tmp_path / "results"
+    blocker.write_text("not a folder")
+    run_dir = blocker / "nq" / "adafuse" if layout == "parent is a file" else blocker
+    with pytest.raises(ResultsDirError, match=f"cannot create or write the run directory {run_dir}") as refused:
+        RunDir(run_dir, config())
+    assert "results_dir" in str(refused.value)
+    if layout == "parent is a file":
+        assert f"{blocker} is a file, not a folder" in str(refused.value)
+
+
+def test_batching_reports_of_several_processes_add_up_and_a_disagreement_reads_mixed(tmp_path):
+    out = RunDir(tmp_path, config())
+    assert out.batching() == {}
+    exact = {"attention": "per_request", "linear": "merged", "passes": 10, "merged_passes": 4, "rows": 30}
+    out.append_batching(0, 3, {"smollm2_135m": exact})
+    out.append_batching(1, 2, {"smollm2_135m": {**exact, "linear": "per_request", "passes": 5, "rows": 7}})
+    lines = [json.loads(line) for line in (tmp_path / "batching.jsonl").read_text().splitlines()]
+    assert [(line["shard"], line["examples"]) for line in lines] == [(0, 3), (1, 2)]
+    assert out.batching() == {
+        "smollm2_135m": {"attention": "per_request", "linear": "mixed", "passes": 15, "merged_passes": 8, "rows": 37}
+    }
