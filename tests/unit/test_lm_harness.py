@@ -6,7 +6,7 @@ import pytest
 pytest.importorskip("lm_eval")
 
 from lm_eval.api.registry import get_model  # noqa: E402
-from lm_eval.tasks import TaskManager, get_task_dict  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
 
 from adafuse.errors import ConfigError, UnknownNameError  # noqa: E402
 from conf.compose import compose_run  # noqa: E402
@@ -50,7 +50,7 @@ def test_unknown_task_names_are_refused(tmp_path, capsys):
 def test_written_tasks_give_the_runners_prompts_and_stops(tmp_path, variant):
     names = ["nq", "triviaqa", "squad", "gsm8k", "flores_en_de", "flores_de_en"]
     write_tasks(tmp_path, str(SHARED_DATA), variant, names, limit=2)
-    tasks = get_task_dict([f"adafuse_{n}" for n in names], TaskManager(include_path=str(tmp_path)))
+    tasks = TaskManager(include_path=str(tmp_path)).load([f"adafuse_{n}" for n in names])["tasks"]
     for name in names:
         settings = settings_of(
             compose_run(f"task={name}", f"data.dir={SHARED_DATA}", f"data.variant={variant}", "task.limit=2")
