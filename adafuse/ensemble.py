@@ -19,6 +19,7 @@ from adafuse.errors import ConfigError, UnknownNameError
 from adafuse.loading import load_pretrained, placement
 from adafuse.methods import METHODS
 from adafuse.model import Member
+from adafuse.scoring import Score, loglikelihood, loglikelihood_rolling
 from adafuse.session import Request
 from adafuse.trace import Generation
 
@@ -141,6 +142,15 @@ class Ensemble:
         """`decode` for many prompts, batched across examples; results in the order of `prompts`."""
         done = dict(self.decode_stream(enumerate(prompts), **kwargs))
         return [done[i] for i in range(len(prompts))]
+
+    def loglikelihood(self, requests: list[tuple[str, str]]) -> list[Score]:
+        """Each (context, continuation)'s log-probability: the mean over the loaded members, each in its own
+        tokenization (adafuse/scoring.py); in input order."""
+        return loglikelihood([m for m in self.members if m is not None], requests)
+
+    def loglikelihood_rolling(self, texts: list[str]) -> list[Score]:
+        """Each text's log-probability from its start, the mean over the loaded members (adafuse/scoring.py)."""
+        return loglikelihood_rolling([m for m in self.members if m is not None], texts)
 
 
 class DecodeStream:

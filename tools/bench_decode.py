@@ -20,8 +20,13 @@
    their `pred` against ours (identical).
 5. `--only projection`: each bundled model's vocabulary projection, multiplied in blocks of its weight's
    rows (adafuse/projection.py) against one F.linear, interleaved, for 1-64 rows: time and identical bits.
-Prints a table and writes the figures to results/bench/decode.json; `--only reference`, `authors` or
-`projection` writes its section alone to reference.json, authors.json or projection.json.
+6. `--only lm_eval`: the same 48 NQ prompts decoded by AdaFuse through lm-evaluation-harness
+   (`simple_evaluate` with our `adafuse` model and the task eval/lm_tasks.py writes) and as the runner
+   decodes them (`Ensemble.decode_stream`), at the same batch size, alternating which goes first: wall
+   time of each, the ratio (goal <= 1.10), and identical texts.
+Prints a table and writes the figures to results/bench/decode.json; `--only reference`, `authors`,
+`projection` or `lm_eval` writes its section alone to reference.json, authors.json, projection.json or
+lm_eval.json.
 """
 
 import argparse
@@ -378,6 +383,53 @@ def compare_projection(ens: Ensemble, repeats: int) -> dict:
     return record
 
 
+def compare_with_lm_eval(data_dir: Path, count: int, batch_size: int, repeats: int) -> dict:
+    """AdaFuse on `count` NQ prompts through lm_eval and as the runner decodes them, `repeats` times each,
+    alternating the order so that machine drift hits both alike."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from eval.lm_harness import AdaFuseLM
+    from eval.lm_tasks import write_tasks
+
+    model = AdaFuseLM(pair="tiny", method="adafuse", batch_size=batch_size)
+    prompts, stop = task_prompts("nq", count, data_dir)
+    budget = {t: b for t, _, b in SUITE}["nq"]
+    requests = [Request(p, stop, budget) for p in prompts]
+    model.ensemble.decode(prompts[0], stop=stop, max_new_tokens=1)  # warm-up: kernels and the few-shot prefix
+
+    def runner() -> list[str]:
+        stream = model.ensemble.decode_stream(
+            enumerate(requests), batch_size=batch_size, method=model.method, scheduler=Scheduler()
+        )
+        return [gen.text for _, gen in sorted(stream, key=lambda item: item[0])]
+
+    with tempfile.TemporaryDirectory() as folder:
+        write_tasks(Path(folder), str(data_dir), tasks=["nq"], limit=count)
+        manager = TaskManager(include_path=folder)
+
+        def harness() -> list[str]:
+            results = simple_evaluate(model=model, tasks=["adafuse_nq"], task_manager=manager, log_samples=True)
+            return [s["resps"][0][0] for s in sorted(results["samples"]["adafuse_nq"], key=lambda s: s["doc_id"])]
+
+        seconds, texts = {"runner": [], "lm_eval": []}, {}
+        for repeat in range(repeats):
+            order = [("runner", runner), ("lm_eval", harness)]
+            for name, run in order if repeat % 2 == 0 else order[::-1]:
+                started = time.perf_counter()
+                texts[name] = run()
+                seconds[name].append(time.perf_counter() - started)
+                print(f"  {name:8s} run {repeat + 1}: {seconds[name][-1]:.1f}s", flush=True)
+    return {
+        "prompts": len(prompts),
+        "batch_size": batch_size,
+        "budget": budget,
+        "seconds": seconds,
+        "ratio_lm_eval_vs_runner": sum(seconds["lm_eval"]) / sum(seconds["runner"]),
+        "identical_texts": sum(a == b for a, b in zip(texts["runner"], texts["lm_eval"])),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=BESIDE_CHECKOUT)
@@ -387,8 +439,8 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument(
         "--only",
-        choices=["singles", "reference", "batching", "authors", "projection"],
-        help="run one section (1, 2, 3, 4 or 5)",
+        choices=["singles", "reference", "batching", "authors", "projection", "lm_eval"],
+        help="run one section (1, 2, 3, 4, 5 or 6)",
     )
     parser.add_argument("--authors-code", type=Path, help="a checkout of CCM0111/AdaFuse (section 4)")
     parser.add_argument("--authors-questions", type=int, default=10, help="NQ questions for section 4")
@@ -405,6 +457,8 @@ def main() -> None:
         "--tasks", nargs="+", choices=[t for t, _, _ in SUITE], help="section 1's tasks (default: all five)"
     )
     parser.add_argument("--batching-task", choices=[t for t, _, _ in SUITE], help="48 prompts of one task, not the mix")
+    parser.add_argument("--lm-eval-batch-size", type=int, default=8, help="section 6's examples in flight")
+    parser.add_argument("--lm-eval-repeats", type=int, default=2, help="section 6's runs of each")
     parser.add_argument(
         "--out",
         type=Path,
@@ -412,11 +466,17 @@ def main() -> None:
     )
     args = parser.parse_args()
     # a section run alone leaves the full run's decode.json as that run wrote it
-    own_file = {"reference": "reference.json", "authors": "authors.json", "projection": "projection.json"}
+    own_file = {
+        "reference": "reference.json",
+        "authors": "authors.json",
+        "projection": "projection.json",
+        "lm_eval": "lm_eval.json",
+    }
     args.out = args.out or ROOT / "results/bench" / own_file.get(args.only, "decode.json")
     torch.set_num_threads(args.threads)
 
-    ens = Ensemble.from_config(["smollm2_135m", "gemma3_270m"])
+    # section 6 loads the pair through the lm_eval model, which holds its own
+    ens = None if args.only == "lm_eval" else Ensemble.from_config(["smollm2_135m", "gemma3_270m"])
     scale = args.scale or (0.25 if args.quick else 1.0)
     record = {"threads": args.threads, "torch": torch.__version__, "python": platform.python_version()}
     if args.only in (None, "batching"):
@@ -475,6 +535,17 @@ def main() -> None:
                     f"    {name:13s} {rows:3d} rows: F.linear {row['f_linear_ms']:6.1f} ms, blocked "
                     f"{row['blocked_ms']:6.1f} ms, {row['speedup']:.2f}x, identical {row['identical']}"
                 )
+    if args.only == "lm_eval":
+        print("6. AdaFuse through lm_eval vs the runner's decoding (same NQ prompts, same batch size)", flush=True)
+        count = max(1, int(48 * scale))
+        record["lm_eval"] = harness = compare_with_lm_eval(
+            args.data_dir, count, args.lm_eval_batch_size, args.lm_eval_repeats
+        )
+        print(
+            f"lm_eval / runner wall time: {harness['ratio_lm_eval_vs_runner']:.3f} (goal <= 1.10) on "
+            f"{harness['prompts']} prompts at batch size {harness['batch_size']}; identical texts "
+            f"{harness['identical_texts']}/{harness['prompts']}"
+        )
     if args.only in (None, "singles"):
         print("1. every method vs the two single models (same prompts, interleaved)", flush=True)
         record["singles"] = singles = compare_with_singles(

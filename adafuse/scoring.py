@@ -1,0 +1,155 @@
+"""Log-likelihoods of strings under an ensemble whose members tokenise differently (lm-evaluation-harness's
+`loglikelihood` and `loglikelihood_rolling`; eval/lm_harness.py is the adapter).
+
+A product of experts over strings: each member scores the same continuation text after the same context,
+in its own tokenization, and the ensemble's log-probability is the mean of the members'. No token alignment
+is needed, because every member's value is the probability of one and the same string.
+
+The tokenization boundary follows lm_eval's `hf` model, so that one member scores exactly as `hf` does:
+whitespace that ends the context moves to the start of the continuation; the context is encoded alone (with
+the tokenizer's default special tokens, Gemma's <bos>), context + continuation is encoded whole, and the
+continuation is the whole's ids after as many ids as the context alone has. An empty context is the
+member's BOS id (its EOS id where it has none), as in `hf`. Log-probabilities come from the raw
+distribution (control tokens not masked): a string's probability under the model as it is.
+
+The context is read once per member (a shared few-shot prefix once for many contexts, through the
+member's prompt store) and its KV cache is shared by every continuation scored after it.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from adafuse.errors import ContextLengthError
+from adafuse.model import Member
+
+# Continuation positions read per forward pass: the log-softmax of a pass is (rows, positions, vocabulary)
+# floats, 1 GiB for 4 rows of 256 positions over Gemma's 262k vocabulary.
+POSITIONS_PER_PASS = 256
+
+
+@dataclass(frozen=True)
+class Score:
+    """One continuation's score: the ensemble's value and each member's."""
+
+    logprob: float  # mean of the members' log-probabilities of the continuation's text
+    greedy: bool  # the continuation is every member's greedy continuation, in its own tokenization
+    member_logprobs: tuple[float, ...]
+    member_greedy: tuple[bool, ...]
+
+
+def _encode(member: Member, text: str) -> list[int]:
+    """`text` with the tokenizer's default special tokens, unless it already starts with the BOS text (as `hf`)."""
+    bos = member.tokenizer.bos_token
+    return member.tokenizer.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
+
+
+def _prefix_id(member: Member) -> int:
+    tokenizer = member.tokenizer
+    return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+
+
+def split_ids(member: Member, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids) in this member's tokenization, by lm_eval's `hf` rule (module doc)."""
+    if context == "":
+        ids = member.tokenizer.encode(continuation, add_special_tokens=False)
+        prefix = _prefix_id(member)
+        return (ids[:1], ids[1:]) if ids and ids[0] == prefix else ([prefix], ids)
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    context_ids = _encode(member, context)
+    return context_ids, _encode(member, context + continuation)[len(context_ids) :]
+
+
+def score_ids(member: Member, context: list[int], continuations: Sequence[list[int]]) -> list[tuple[float, bool]]:
+    """(log-probability, greedy) of each id list after `context`, whose KV all of them share."""
+    longest = max(len(c) for c in continuations)
+    if member.max_positions and len(context) + max(longest - 1, 0) > member.max_positions:
+        raise ContextLengthError(
+            f"model {member.name!r}: a context of {len(context)} tokens and a continuation of {longest} "
+            f"do not fit in the model's {member.max_positions} positions"
+        )
+    after_context = torch.log_softmax(member.read_prompt(context)[0, -1].float(), dim=-1)
+    totals = [after_context[c[0]].item() if c else 0.0 for c in continuations]
+    greedy = [not c or int(after_context.argmax()) == c[0] for c in continuations]
+    # Each row reads its continuation but the last id (whose successor nobody asks for), right-padded:
+    # padding comes after a row's real ids, so causal attention never lets them see it.
+    fed = [c[:-1] for c in continuations]
+    width = max(len(f) for f in fed)
+    rows = member.fork(len(continuations))
+    for start in range(0, width, POSITIONS_PER_PASS):
+        end = min(start + POSITIONS_PER_PASS, width)
+        block = [(f + [0] * width)[start:end] for f in fed]
+        logits = member.forward_alone(rows.cache, torch.tensor(block, device=member.device))
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        for row, ids in enumerate(continuations):
+            targets = ids[start + 1 : end + 1]
+            if not targets:
+                continue
+            index = torch.tensor(targets, device=member.device)
+            rows_logprobs = logprobs[row, : len(targets)]
+            totals[row] += rows_logprobs.gather(-1, index[:, None]).sum().item()
+            greedy[row] = greedy[row] and bool((rows_logprobs.argmax(-1) == index).all())
+    return list(zip(totals, greedy))
+
+
+def _combine(per_member: list[list[tuple[float, bool]]]) -> list[Score]:
+    scores = []
+    for values in zip(*per_member):
+        logprobs = tuple(v[0] for v in values)
+        flags = tuple(v[1] for v in values)
+        scores.append(Score(sum(logprobs) / len(logprobs), all(flags), logprobs, flags))
+    return scores
+
+
+def loglikelihood(members: list[Member], requests: Sequence[tuple[str, str]]) -> list[Score]:
+    """The score of each (context, continuation), in input order; the continuations of one context share its KV."""
+    by_context: dict[str, list[int]] = {}
+    for i, (context, _) in enumerate(requests):
+        by_context.setdefault(context, []).append(i)
+    per_member = []
+    for member in members:
+        values: list[tuple[float, bool] | None] = [None] * len(requests)
+        for context, indices in by_context.items():
+            # The context's ids are the same for every continuation unless the context is empty (then
+            # a continuation may start with the prefix id itself): group by the ids, not the text.
+            groups: dict[tuple[int, ...], list[tuple[int, list[int]]]] = {}
+            for i in indices:
+                context_ids, continuation_ids = split_ids(member, context, requests[i][1])
+                groups.setdefault(tuple(context_ids), []).append((i, continuation_ids))
+            for context_ids, group in groups.items():
+                for (i, _), value in zip(group, score_ids(member, list(context_ids), [c for _, c in group])):
+                    values[i] = value
+        per_member.append(values)
+    return _combine(per_member)
+
+
+def rolling_windows(ids: list[int], prefix: int, width: int) -> list[tuple[list[int], list[int]]]:
+    """(context, targets) windows that score every id of `ids` once, each with as much context as fits in
+    `width` positions: the first after `prefix` alone (lm_eval's rolling rule, context length 1)."""
+    sequence = [prefix] + ids
+    windows = []
+    for start in range(1, len(sequence), width):
+        end = min(start + width, len(sequence))
+        windows.append((sequence[max(0, end - 1 - width) : start], sequence[start:end]))
+    return windows
+
+
+def loglikelihood_rolling(members: list[Member], texts: Sequence[str]) -> list[Score]:
+    """Each text's log-probability from its first character (after the BOS, or EOS, id), in windows of
+    the member's context length; the text is encoded without special tokens."""
+    per_member = []
+    for member in members:
+        width = member.max_positions or 1 << 62
+        values = []
+        for text in texts:
+            ids = member.tokenizer.encode(text, add_special_tokens=False)
+            total, greedy = 0.0, True
+            for context, targets in rolling_windows(ids, _prefix_id(member), width):
+                [(logprob, is_greedy)] = score_ids(member, context, [targets])
+                total, greedy = total + logprob, greedy and is_greedy
+            values.append((total, greedy))
+        per_member.append(values)
+    return _combine(per_member)
