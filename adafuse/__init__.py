@@ -2,7 +2,7 @@
 
 from adafuse.batching import DEFAULT_BATCH_SIZE
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
-from adafuse.ensemble import Ensemble
+from adafuse.ensemble import Ensemble, model_config
 from adafuse.session import Request
 from adafuse.trace import Generation, Stats, Trace
 
@@ -16,4 +16,5 @@ __all__ = [
     "SingleConfig",
     "Stats",
     "Trace",
+    "model_config",
 ]

@@ -25,11 +25,9 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import model_registry
 from tqdm import tqdm
 
-from adafuse.batching import DEFAULT_BATCH_SIZE, Scheduler
-from adafuse.ensemble import model_config
+from adafuse import DEFAULT_BATCH_SIZE, Request, model_config
 from adafuse.errors import ConfigError, UnknownNameError
 from adafuse.methods import METHODS
-from adafuse.session import Request
 from conf.compose import compose_run
 from eval.runner import load_ensemble, settings_of
 
@@ -90,7 +88,7 @@ class AdaFuseLM(LM):
             enumerate(decoded),
             batch_size=self.batch_size,
             method=self.method,
-            scheduler=Scheduler(exact=self.batch_exact),
+            exact=self.batch_exact,
         )
         texts: list[str | None] = [None] * len(decoded)
         for i, gen in tqdm(stream, total=len(decoded), disable=disable_tqdm, desc="adafuse generate_until"):
