@@ -34,9 +34,10 @@ def test_scripts_never_import_the_tests(path):
 
 
 # What the runner (eval/, conf/, run.py) may import of the engine: the facade (`adafuse`: Ensemble,
-# Request, ...) and the settings, errors and registries; never the member, the scheduler or a method.
-ENGINE_API = {"adafuse", "adafuse.config", "adafuse.errors", "adafuse.methods", "adafuse.registry"}
-RUNNER = sorted([*(ROOT / "eval").glob("*.py"), *(ROOT / "conf").glob("*.py"), ROOT / "run.py"])
+# Request, ...; adafuse/ensemble.py) and the settings, errors and registries; never the member, the
+# scheduler, a session or a method's code.
+ENGINE_API = {"adafuse", "adafuse.ensemble", "adafuse.config", "adafuse.errors", "adafuse.methods", "adafuse.registry"}
+RUNNER = sorted([*(ROOT / "eval").rglob("*.py"), *(ROOT / "conf").rglob("*.py"), ROOT / "run.py"])
 
 
 @pytest.mark.parametrize("path", RUNNER, ids=lambda p: str(p.relative_to(ROOT)))
