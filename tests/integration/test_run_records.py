@@ -5,7 +5,6 @@ another device or dtype, a run directory it cannot write."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,19 +14,15 @@ import eval.runner
 from adafuse.errors import ResultsDirError, ResumeMismatchError
 from conf.compose import compose_run
 from eval.runner import main
+from tests.conftest import ROOT, SHARED_DATA
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
-QUICK = ["task=nq", "wandb.mode=disabled", "progress=false", "task.max_new_tokens=4"]
+QUICK = ["task=nq", f"data.dir={SHARED_DATA}", "wandb.mode=disabled", "progress=false", "task.max_new_tokens=4"]
 
 
-@pytest.fixture
-def run(shared_data):
-    def run(out, *overrides: str) -> dict | None:
-        return main(compose_run(*QUICK, f"data.dir={shared_data}", *overrides), out)
-
-    return run
+def run(out, *overrides: str) -> dict | None:
+    return main(compose_run(*QUICK, *overrides), out)
 
 
 def no_model_may_load(monkeypatch) -> None:
@@ -37,7 +32,7 @@ def no_model_may_load(monkeypatch) -> None:
     monkeypatch.setattr(eval.runner, "load_ensemble", refuse)
 
 
-def test_config_and_metrics_record_the_device_and_dtype_the_models_loaded_with(run, tiny, tmp_path):
+def test_config_and_metrics_record_the_device_and_dtype_the_models_loaded_with(tiny, tmp_path):
     # The runner's loaded models are the `tiny` fixture's (the same cache entries).
     metrics = run(tmp_path, "method=adafuse", "task.limit=2")
     recorded = yaml.safe_load((tmp_path / "config.yaml").read_text())["runtime"]
@@ -59,7 +54,7 @@ def test_config_and_metrics_record_the_device_and_dtype_the_models_loaded_with(r
     assert json.loads((tmp_path / "metrics.json").read_text())["batching"] == batching
 
 
-def test_metrics_add_up_the_batching_of_every_process_that_decoded(run, tmp_path):
+def test_metrics_add_up_the_batching_of_every_process_that_decoded(tmp_path):
     first = run(tmp_path, "method=single", "task.limit=1", "batch_size=1", "batch_exact=false")
     whole = run(tmp_path, "method=single", "task.limit=2", "batch_size=1", "batch_exact=false")  # resumes: one more
     lines = [json.loads(line) for line in (tmp_path / "batching.jsonl").read_text().splitlines()]
@@ -70,7 +65,7 @@ def test_metrics_add_up_the_batching_of_every_process_that_decoded(run, tmp_path
     assert twice["passes"] == sum(line["models"]["smollm2_135m"]["passes"] for line in lines) > once["passes"]
 
 
-def test_a_resume_on_another_device_and_dtype_is_refused_before_any_model_loads(run, tmp_path, monkeypatch):
+def test_a_resume_on_another_device_and_dtype_is_refused_before_any_model_loads(tmp_path, monkeypatch):
     run(tmp_path, "method=single", "task.limit=1")
     # As if the run had been started on a GPU node: `device: auto` and `dtype: auto` resolved there.
     config = yaml.safe_load((tmp_path / "config.yaml").read_text())
@@ -83,7 +78,7 @@ def test_a_resume_on_another_device_and_dtype_is_refused_before_any_model_loads(
     assert len((tmp_path / "predictions.jsonl").read_text().splitlines()) == 1
 
 
-def test_an_unwritable_results_dir_is_a_named_error_before_any_model_loads(run, tmp_path, monkeypatch):
+def test_an_unwritable_results_dir_is_a_named_error_before_any_model_loads(tmp_path, monkeypatch):
     blocker = tmp_path / "results"
     blocker.write_text("a file where a folder should be")  # stops root too (CI runs as root)
     no_model_may_load(monkeypatch)
@@ -95,7 +90,7 @@ def test_an_unwritable_results_dir_is_a_named_error_before_any_model_loads(run, 
 def test_the_command_line_names_an_unwritable_results_dir_in_one_line(tmp_path, mode):
     blocker = tmp_path / "results"
     blocker.write_text("a file where a folder should be")
-    command = [sys.executable, str(ROOT / "run.py"), *mode, f"results_dir={blocker / 'sub'}", "method=single"]
+    command = [sys.executable, str(ROOT / "run.py"), *mode, f"results_dir={blocker / 'sub'}", "method=single", *QUICK]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     output = done.stdout + done.stderr
     assert done.returncode == 2, output

@@ -34,9 +34,9 @@ def test_scripts_never_import_the_tests(path):
 
 
 # What the runner (eval/, conf/, run.py) may import of the engine: the facade (`adafuse`: Ensemble,
-# Request, ...; adafuse/ensemble.py) and the settings, errors and registries; never the member, the
-# scheduler, a session or a method's code.
-ENGINE_API = {"adafuse", "adafuse.ensemble", "adafuse.config", "adafuse.errors", "adafuse.methods", "adafuse.registry"}
+# Request, ...) and the settings, errors and registries; never the member, the scheduler, a session or
+# a method's code.
+ENGINE_API = {"adafuse", "adafuse.config", "adafuse.errors", "adafuse.methods", "adafuse.registry"}
 RUNNER = sorted([*(ROOT / "eval").rglob("*.py"), *(ROOT / "conf").rglob("*.py"), ROOT / "run.py"])
 
 
