@@ -86,9 +86,10 @@ def test_the_project_imports_itself_as_installed_never_through_sys_path_or_file_
 
 
 # What the runner (eval/, conf/, run.py) may import of the engine: the facade (`adafuse`: Ensemble,
-# Request, ...) and the settings, errors and registries; never the member, the scheduler or a method.
+# Request, ...) and the settings, errors and registries; never the member, the scheduler, a session or
+# a method's code.
 ENGINE_API = {"adafuse", "adafuse.config", "adafuse.errors", "adafuse.methods", "adafuse.registry"}
-RUNNER = sorted([*(ROOT / "eval").glob("*.py"), *(ROOT / "conf").glob("*.py"), ROOT / "run.py"])
+RUNNER = sorted([*(ROOT / "eval").rglob("*.py"), *(ROOT / "conf").rglob("*.py"), ROOT / "run.py"])
 
 
 @pytest.mark.parametrize("path", RUNNER, ids=lambda p: str(p.relative_to(ROOT)))
