@@ -221,6 +221,18 @@ class Member:
         """The tokenizer's end-of-sequence token as text (None where it names none)."""
         return self.tokenizer.eos_token
 
+    @property
+    def bos_token(self) -> str | None:
+        """The tokenizer's beginning-of-sequence token as text (None where it names none)."""
+        return self.tokenizer.bos_token
+
+    @property
+    def sequence_start_id(self) -> int:
+        """The id a text's log-probability is conditioned on when nothing precedes it: BOS, else EOS
+        (as lm_eval's `hf` model does)."""
+        tokenizer = self.tokenizer
+        return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+
     def vocabulary_bytes(self) -> tuple[str, list[bytes | None]]:
         """(type, each id's bytes), one per logit column (adafuse/tokens.py `vocabulary_bytes`)."""
         return vocabulary_bytes(self.tokenizer, self.vocab_size)

@@ -41,20 +41,15 @@ class Score:
 
 def _encode(member: Member, text: str) -> list[int]:
     """`text` with the tokenizer's default special tokens, unless it already starts with the BOS text (as `hf`)."""
-    bos = member.tokenizer.bos_token
-    return member.tokenizer.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
-
-
-def _prefix_id(member: Member) -> int:
-    tokenizer = member.tokenizer
-    return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    bos = member.bos_token
+    return member.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
 
 
 def split_ids(member: Member, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """(context ids, continuation ids) in this member's tokenization, by lm_eval's `hf` rule (module doc)."""
     if context == "":
-        ids = member.tokenizer.encode(continuation, add_special_tokens=False)
-        prefix = _prefix_id(member)
+        ids = member.encode(continuation, add_special_tokens=False)
+        prefix = member.sequence_start_id
         return (ids[:1], ids[1:]) if ids and ids[0] == prefix else ([prefix], ids)
     spaces = len(context) - len(context.rstrip())
     if spaces:
@@ -145,9 +140,9 @@ def loglikelihood_rolling(members: list[Member], texts: Sequence[str]) -> list[S
         width = member.max_positions or 1 << 62
         values = []
         for text in texts:
-            ids = member.tokenizer.encode(text, add_special_tokens=False)
+            ids = member.encode(text, add_special_tokens=False)
             total, greedy = 0.0, True
-            for context, targets in rolling_windows(ids, _prefix_id(member), width):
+            for context, targets in rolling_windows(ids, member.sequence_start_id, width):
                 [(logprob, is_greedy)] = score_ids(member, context, [targets])
                 total, greedy = total + logprob, greedy and is_greedy
             values.append((total, greedy))
