@@ -20,8 +20,12 @@
    their `pred` against ours (identical).
 5. `--only projection`: each bundled model's vocabulary projection, multiplied in blocks of its weight's
    rows (adafuse/projection.py) against one F.linear, interleaved, for 1-64 rows: time and identical bits.
-Prints a table and writes the figures to results/bench/decode.json; `--only reference`, `authors` or
-`projection` writes its section alone to reference.json, authors.json or projection.json.
+6. `--only exact`: what exact batching costs (adafuse/invariance.py): AdaFuse on the same 48 prompts of
+   one task (`--batching-task`, default NQ; `--limit` fewer) exact at batch 8, not exact at batch 8 and
+   exact at batch 1, in one run: the three throughputs and whether the outputs are identical.
+Prints a table and writes the figures to results/bench/decode.json; `--only reference`, `authors`,
+`projection` or `exact` writes its section alone to reference.json, authors.json, projection.json or
+exact_batching.json.
 """
 
 import argparse
@@ -212,15 +216,18 @@ class PeakMemory:
         self.thread.join()
 
 
-def decode_suite(ens: Ensemble, cases: list, method: str, options: dict, batch_size: int) -> tuple[list, dict]:
-    """Decode every (prompt, stop, budget) case with `batch_size` in flight: (texts in case order, figures)."""
+def decode_suite(
+    ens: Ensemble, cases: list, method: str, options: dict, batch_size: int, exact: bool = True
+) -> tuple[list, dict]:
+    """Decode every (prompt, stop, budget) case with `batch_size` in flight, merged passes `exact` or not
+    (adafuse/invariance.py): (texts in case order, figures)."""
     spec, cfg = resolve_method(method, options)
 
     def one(members, i):
         prompt, stop, budget = cases[i]
         return spec.generate(members, Request(prompt, stop, budget), cfg)
 
-    scheduler, texts = Scheduler(), [None] * len(cases)
+    scheduler, texts = Scheduler(exact=exact), [None] * len(cases)
     started = time.perf_counter()
     with PeakMemory() as memory:
         for i, gen in decode_many(ens.members, range(len(cases)), one, batch_size, scheduler):
@@ -346,6 +353,39 @@ def compare_with_authors(ens: Ensemble, data_dir: Path, authors_code: Path, coun
     }
 
 
+def compare_exact_batching(ens: Ensemble, data_dir: Path, task: str, limit: int) -> dict:
+    """Section 6: AdaFuse on `limit` prompts of `task`, exact at batch 8, not exact at batch 8, exact at
+    batch 1, one after another in one run (the same models, the same warm caches)."""
+    budget = {t: b for t, _, b in SUITE}[task]
+    prompts, stop = task_prompts(task, limit, data_dir)
+    cases = [(p, stop, budget) for p in prompts]
+    # warm-up, not timed: the prompt store reads the task's few-shot prefix, and the row tiles
+    # (adafuse/invariance.py) probe the row counts that merged passes of 8 examples reach
+    decode_suite(ens, [(p, stop, 4) for p in prompts[:8]], "adafuse", {}, 8)
+    runs = {"exact_batch_8": (8, True), "not_exact_batch_8": (8, False), "exact_batch_1": (1, True)}
+    figures, texts = {}, {}
+    for name, (size, exact) in runs.items():
+        texts[name], figures[name] = decode_suite(ens, cases, "adafuse", {}, size, exact)
+        print(
+            f"  {name:17s}: {figures[name]['examples_per_second']:.3f} ex/s ({figures[name]['seconds']:.1f} s), "
+            f"{figures[name]['rows_per_pass']:.1f} rows/pass",
+            flush=True,
+        )
+    exact_8, loose_8, exact_1 = (figures[name]["examples_per_second"] for name in runs)
+    return {
+        "task": task,
+        "prompts": len(cases),
+        "budget": budget,
+        "runs": figures,
+        "exact_8_over_exact_1": exact_8 / exact_1,
+        "exact_8_over_not_exact_8": exact_8 / loose_8,
+        "identical_exact_8_to_exact_1": sum(a == b for a, b in zip(texts["exact_batch_8"], texts["exact_batch_1"])),
+        "identical_not_exact_8_to_exact_1": sum(
+            a == b for a, b in zip(texts["not_exact_batch_8"], texts["exact_batch_1"])
+        ),
+    }
+
+
 PROJECTION_ROWS = (1, 2, 3, 5, 8, 16, 32, 64)
 
 
@@ -387,8 +427,8 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument(
         "--only",
-        choices=["singles", "reference", "batching", "authors", "projection"],
-        help="run one section (1, 2, 3, 4 or 5)",
+        choices=["singles", "reference", "batching", "authors", "projection", "exact"],
+        help="run one section (1, 2, 3, 4, 5 or 6)",
     )
     parser.add_argument("--authors-code", type=Path, help="a checkout of CCM0111/AdaFuse (section 4)")
     parser.add_argument("--authors-questions", type=int, default=10, help="NQ questions for section 4")
@@ -405,14 +445,21 @@ def main() -> None:
         "--tasks", nargs="+", choices=[t for t, _, _ in SUITE], help="section 1's tasks (default: all five)"
     )
     parser.add_argument("--batching-task", choices=[t for t, _, _ in SUITE], help="48 prompts of one task, not the mix")
+    parser.add_argument("--limit", type=int, default=48, help="section 6's prompts (of --batching-task, default nq)")
     parser.add_argument(
         "--out",
         type=Path,
-        help="default: results/bench/decode.json (reference.json, authors.json, projection.json with --only those)",
+        help="default: results/bench/decode.json (reference.json, authors.json, projection.json, exact_batching.json "
+        "with --only those)",
     )
     args = parser.parse_args()
     # a section run alone leaves the full run's decode.json as that run wrote it
-    own_file = {"reference": "reference.json", "authors": "authors.json", "projection": "projection.json"}
+    own_file = {
+        "reference": "reference.json",
+        "authors": "authors.json",
+        "projection": "projection.json",
+        "exact": "exact_batching.json",
+    }
     args.out = args.out or ROOT / "results/bench" / own_file.get(args.only, "decode.json")
     torch.set_num_threads(args.threads)
 
@@ -475,6 +522,16 @@ def main() -> None:
                     f"    {name:13s} {rows:3d} rows: F.linear {row['f_linear_ms']:6.1f} ms, blocked "
                     f"{row['blocked_ms']:6.1f} ms, {row['speedup']:.2f}x, identical {row['identical']}"
                 )
+    if args.only == "exact":
+        task = args.batching_task or "nq"
+        print(f"6. exact batching: AdaFuse on {args.limit} {task} prompts, exact / not exact at batch 8, exact at 1")
+        record["exact"] = exact = compare_exact_batching(ens, args.data_dir, task, args.limit)
+        print(
+            f"exact batch 8 / exact batch 1: {exact['exact_8_over_exact_1']:.2f}x (goal >= 1.7); exact batch 8 / "
+            f"not exact batch 8: {exact['exact_8_over_not_exact_8']:.2f} (goal >= 0.9); identical to exact batch 1: "
+            f"exact batch 8 {exact['identical_exact_8_to_exact_1']}/{exact['prompts']}, not exact batch 8 "
+            f"{exact['identical_not_exact_8_to_exact_1']}/{exact['prompts']}"
+        )
     if args.only in (None, "singles"):
         print("1. every method vs the two single models (same prompts, interleaved)", flush=True)
         record["singles"] = singles = compare_with_singles(
