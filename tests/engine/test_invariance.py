@@ -141,7 +141,11 @@ def test_a_row_s_logits_do_not_depend_on_what_shares_its_pass_and_it_is_one_mult
         with MultiplyCount() as sixty_four:  # its row counts were met (and probed) above
             forward_together(member, [_copy(c) for c in caches], inputs)
         linear_layers = sum(isinstance(m, torch.nn.Linear) for m in member.model.modules())
-        assert one.calls == sixty_four.calls == linear_layers, member.name
+        assert one.calls == linear_layers, member.name
+        if member.model.dtype == torch.float32:  # the CPU's default: one multiply of all the rows per layer
+            assert sixty_four.calls == linear_layers, member.name
+        # in bfloat16 some layers of this pair go tile by tile above some row count (one multiply of
+        # all the rows is probed and found to round differently): exact still, not one multiply
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["smollm2", "gemma3"])
