@@ -34,6 +34,7 @@ import ctypes.util
 import functools
 import gc
 import json
+import os
 import platform
 import resource
 import sys
@@ -538,7 +539,8 @@ def main() -> None:
             ens, args.data_dir, scale, args.tasks or [t for t, _, _ in SUITE]
         )
         report_singles(singles)
-    record.update(peak_rss_gb=peak_rss_gb(), quick=args.quick)
+    # other processes share this machine: the 1, 5 and 15 minute load averages at the end of the run
+    record.update(peak_rss_gb=peak_rss_gb(), quick=args.quick, load_average=os.getloadavg())
     print(f"peak RSS: {peak_rss_gb():.2f} GB")
     write(args, record)
 
