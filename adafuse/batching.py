@@ -55,7 +55,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from adafuse.errors import BatchMemoryError
-from adafuse.invariance import Span, linear_is_row_invariant, split_attention, split_linear, split_pass
+from adafuse.invariance import Span, split_attention, split_pass
 from adafuse.model import Member
 
 log = logging.getLogger(__name__)
@@ -141,8 +141,9 @@ def forward_together(
     each request's cache holds its own rows and new tokens, as if it had been read alone.
 
     `exact`: every request's numbers are bitwise those of its pass alone (adafuse/invariance.py:
-    attention per request, and linear layers per request where this device's kernels depend on the
-    number of rows); a model that cannot be split is refused (`can_merge_exactly`).
+    attention per request; the linear layers multiply all rows at once, in row tiles that make each
+    row's bits independent of the others, alone and merged alike); a model whose attention cannot be
+    split is refused (`can_merge_exactly`).
     Otherwise the merged mask stands for the padding, and results equal the alone pass's up to
     rounding.
     """
@@ -167,7 +168,7 @@ def forward_together(
         for length, x in zip(lengths, inputs):
             spans.append(Span(slice(row, row + x.shape[0]), length, x.shape[1]))
             row += x.shape[0]
-        with split_pass(spans, longest, split_linear=not linear_is_row_invariant(member.model)):
+        with split_pass(spans, longest):
             out = member.model(**kwargs)  # each request's own masks replace the merged one
     else:
         out = member.model(attention_mask=mask, **kwargs)
@@ -188,12 +189,9 @@ def forward_together(
 
 
 def can_merge_exactly(model) -> bool:
-    """Prepare a model for exact merged passes (adafuse/invariance.py); False if it cannot be."""
-    if not split_attention(model):
-        return False
-    if not linear_is_row_invariant(model):
-        split_linear(model)
-    return True
+    """Prepare a model for exact merged passes (adafuse/invariance.py); False if it cannot be. Its linear
+    layers need nothing: every member's multiply in row tiles in every pass (`tile_linear_layers`)."""
+    return split_attention(model)
 
 
 def _merge(caches: list[DynamicCache], longest: int, width: int) -> DynamicCache:
@@ -218,8 +216,10 @@ def _merge(caches: list[DynamicCache], longest: int, width: int) -> DynamicCache
 @dataclass(frozen=True)
 class Meeting:
     """How one model's requests from different examples meet. Each part of the layer is "merged" (one
-    computation over every request's rows), "per_request" (inside the merged pass, each request's
-    rows on their own: adafuse/invariance.py) or "alone" (no merged passes: each request runs its own)."""
+    computation over every request's rows, not batch-invariant), "row_tiles" (linear layers: one multiply
+    over every request's rows padded to fixed row tiles, bit-identical to each request alone:
+    adafuse/invariance.py), "per_request" (attention: inside the merged pass, each request's rows on
+    their own) or "alone" (no merged passes: each request runs its own)."""
 
     attention: str
     linear: str
@@ -286,8 +286,7 @@ class Scheduler:
             elif not can_merge_exactly(member.model):
                 self.meetings[member.name] = Meeting("alone", "alone")
             else:
-                linear = "merged" if linear_is_row_invariant(member.model) else "per_request"
-                self.meetings[member.name] = Meeting("per_request", linear)
+                self.meetings[member.name] = Meeting("per_request", "row_tiles")
         return self.meetings[member.name].attention != "alone"
 
     def report(self) -> dict[str, dict]:

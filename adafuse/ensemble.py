@@ -174,8 +174,9 @@ class DecodeStream:
 
     @property
     def batching(self) -> dict[str, dict]:
-        """Per model name: how its requests met ("attention", "linear": "merged", "per_request" or
-        "alone") and its "passes", "merged_passes" and "rows" (adafuse/batching.py, `Scheduler.report`)."""
+        """Per model name: how its requests met ("attention", "linear": "merged", "row_tiles",
+        "per_request" or "alone": `Meeting`) and its "passes", "merged_passes" and "rows"
+        (adafuse/batching.py, `Scheduler.report`)."""
         return self._scheduler.report()
 
 

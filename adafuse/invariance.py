@@ -9,19 +9,29 @@ numbers depend on its batch (measured on this project's CPU; the GPU is discusse
   than attention over the request's own keys (bfloat16 results differed by up to 0.7 in the logits,
   flipping greedy choices);
 - a matrix multiply's kernel, and so its summation order, is picked by the number of rows (MKL's
-  float32 GEMM: 1, 2-3, 4 and more rows, and a thread split of 5-11 rows), so a row multiplied
-  together with others may differ in its last bits from the same row alone.
+  float32 GEMM: 1, 2-3 and 4 or more rows, and with 2 threads a split of 5-7 and 9-11 rows), so a
+  row multiplied together with others may differ in its last bits from the same row alone.
 
-So inside a merged pass (`split_pass`):
-1. attention runs once per request, on the request's rows, its own query positions, its unpadded
-   keys and values, with the mask the pass alone would build (transformers' own mask functions), by
-   the model's own attention function: the model's attention implementation is wrapped
-   (`split_attention`), and outside a merged pass the wrapper calls the original unchanged;
-2. where the model's linear layers are not row-invariant on this device and dtype (`linear_is_row_invariant`,
-   probed once per model with its own weights and shapes), each linear layer multiplies each
-   request's rows as its own matrix (`split_linear`): the same number of rows as alone, so the same
-   kernel. Where they are invariant (bfloat16 on a CPU without native bfloat16: one kernel for any
-   number of rows) the merged multiply is kept, and batching keeps its whole gain.
+So:
+1. inside a merged pass (`split_pass`), attention runs once per request, on the request's rows, its
+   own query positions, its unpadded keys and values, with the mask the pass alone would build
+   (transformers' own mask functions), by the model's own attention function: the model's attention
+   implementation is wrapped (`split_attention`), and outside a merged pass the wrapper calls the
+   original unchanged;
+2. every linear layer, in every pass, alone or merged, multiplies its rows in fixed row tiles
+   (`tiled_linear`, installed on each member's model by `tile_linear_layers`): the rows are
+   zero-padded to a whole number of tiles of `tile_rows` rows, so a row's bits are those of its tile,
+   whoever shares the tile and wherever the row sits in it. Where one multiply of all the padded rows
+   gives every tile's bits (probed once per kernel and row count: `one_call_is_tiled`), the rows are
+   multiplied in one call, which is what a merged pass costs without exactness; otherwise tile by tile.
+   The tile size is probed once per device, dtype, weight shape and thread count (`tile_rows`); on
+   this CPU it is 4 rows in float32 (MKL's kernel for 4 or more rows, with no row-count-dependent
+   split) and 1 or 2 in bfloat16.
+
+The tiles change the canonical computation itself: a pass of one row is multiplied as a tile of
+`tile_rows` rows (one real, the rest zeros), not by the one-row kernel, in every pass of a member,
+alone or batched, in `generate()` over the member's model too. A merged pass then makes the same
+number of multiplies as a pass alone (tests/engine/test_invariance.py counts them).
 
 Every other layer (norms, rotary embeddings, the softmax) computes each row on its own already.
 A model whose attention cannot be wrapped (its implementation is not in transformers' attention
@@ -34,6 +44,7 @@ import functools
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.masking_utils import (
@@ -45,7 +56,8 @@ from transformers.masking_utils import (
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 PREFIX = "adafuse-split-"  # the wrapped attention implementation's name: PREFIX + the original's
-PROBE_ROWS = (1, 2, 3, 4, 5, 6, 8, 11, 16, 24, 32)  # row counts a merged pass may give a linear layer
+TILE_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # row tiles tried, fewest first (a GPU may need large ones)
+PROBE_ROWS = 64  # the one multiply a tile size must agree with (a multiple of every candidate)
 
 
 @dataclass
@@ -61,7 +73,6 @@ class Span:
 class Plan:
     spans: list[Span]
     longest: int  # the merged cache's length before the pass
-    split_linear: bool
     masks: dict = field(default_factory=dict)  # (request, sliding window) -> the mask it would have alone
 
 
@@ -69,9 +80,9 @@ _PLAN: contextvars.ContextVar = contextvars.ContextVar("adafuse_split_pass", def
 
 
 @contextlib.contextmanager
-def split_pass(spans: list[Span], longest: int, split_linear: bool):
-    """Inside this block, the wrapped attention (and linear layers) of any model compute per request."""
-    token = _PLAN.set(Plan(spans, longest, split_linear))
+def split_pass(spans: list[Span], longest: int):
+    """Inside this block, the wrapped attention of any model computes per request."""
+    token = _PLAN.set(Plan(spans, longest))
     try:
         yield
     finally:
@@ -149,50 +160,116 @@ def _cache_of_length(length: int, device) -> DynamicCache:
 # ---- linear layers ------------------------------------------------------------------------------
 
 
-def linear_is_row_invariant(model) -> bool:
-    """Does each of the model's linear layers give a row the same bits whatever the number of rows
-    multiplied with it? Probed once per model, with its own weights, shapes, dtype and device."""
-    if not hasattr(model, "_adafuse_rows_invariant"):
-        shapes = {}
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear):
-                shapes.setdefault((module.in_features, module.out_features, module.bias is not None), module)
-        generator = torch.Generator(device="cpu").manual_seed(0)
-        model._adafuse_rows_invariant = all(_rows_invariant(m, generator) for m in shapes.values())
-    return model._adafuse_rows_invariant
-
-
-@torch.inference_mode()
-def _rows_invariant(module: torch.nn.Linear, generator) -> bool:
-    weight = module.weight
-    x = torch.randn(max(PROBE_ROWS), weight.shape[1], generator=generator).to(weight.device, weight.dtype)
-    full = module.forward(x)  # the layer's own multiply (adafuse/projection.py blocks the output embeddings')
-    for rows in PROBE_ROWS:
-        for start in {0, max(PROBE_ROWS) - rows}:
-            if not torch.equal(module.forward(x[start : start + rows]), full[start : start + rows]):
-                return False
-    return True
-
-
-def split_linear(model) -> None:
-    """Give every linear layer of the model a forward that, inside a split pass that asks for it,
-    multiplies each request's rows on their own (idempotent, and cheap to repeat: every merged pass asks
-    for it; outside such a pass it is the layer's own forward)."""
-    if getattr(model, "_adafuse_split_linear", False):
-        return
+def tile_linear_layers(model) -> None:
+    """Make every linear layer of the model multiply in row tiles (`tiled_linear`), alone and merged
+    alike (idempotent). The output embeddings, if blocked (adafuse/projection.py), tile each block.
+    A model whose weights are not materialised (the meta device) is left alone: nothing to probe."""
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and not getattr(module, "_adafuse_split", False):
-            module.forward = functools.partial(_linear, module, module.forward)
-            module._adafuse_split = True
-    model._adafuse_split_linear = True
+        if not isinstance(module, torch.nn.Linear) or module.weight.device.type == "meta":
+            continue
+        if not getattr(module, "_adafuse_blocked", False) and not getattr(module, "_adafuse_tiled", False):
+            module.forward = functools.partial(_tiled_forward, module)
+            module._adafuse_tiled = True
 
 
-def _linear(module: torch.nn.Linear, multiply, x: torch.Tensor) -> torch.Tensor:
-    """`multiply` is the layer's forward before it was split: F.linear, or the blocked projection."""
-    plan = _PLAN.get()
-    if plan is None or not plan.split_linear:
-        return multiply(x)
-    out = x.new_zeros(*x.shape[:-1], module.out_features)  # right padding beyond a request: never read
-    for s in plan.spans:  # (b_j, n_j, in) as alone: the same rows, so the same kernel
-        out[s.rows, : s.width] = multiply(x[s.rows, : s.width])
-    return out
+def _tiled_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return tiled_linear(x, module.weight, module.bias)
+
+
+def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias), every row computed with the bits it gets in a tile of `tile_rows` rows
+    whatever the other rows: the rows are zero-padded to a whole number of tiles and multiplied in one
+    call where that call is probed to give each tile's bits (`one_call_is_tiled`), else tile by tile."""
+    rows, width = x.numel() // x.shape[-1], x.shape[-1]
+    flat = pad_to_tiles(x.reshape(rows, width), weight, bias)
+    out = multiply_in_tiles(flat, weight, bias)
+    return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
+
+
+def pad_to_tiles(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The rows (rows, in) followed by zero rows up to a whole number of this multiply's tiles."""
+    tile = tile_rows(weight, bias)
+    missing = -flat.shape[0] % tile
+    return torch.cat([flat, flat.new_zeros(missing, flat.shape[1])]) if missing else flat
+
+
+def multiply_in_tiles(padded: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Rows already padded to whole tiles (`pad_to_tiles`): one call where it keeps each tile's bits,
+    else tile by tile. (Calls of PROBE_ROWS rows, each probed, were tried for the second case: on the
+    paper pair in shape in bfloat16 one request of 64 still came out a bfloat16 step apart, so a probe
+    of a part of a larger pass is not trusted.)"""
+    if one_call_is_tiled(weight, bias, padded.shape[0]):
+        return F.linear(padded, weight, bias)
+    return torch.cat([F.linear(tile, weight, bias) for tile in padded.split(tile_rows(weight, bias))])
+
+
+def _kernel_key(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    """What picks a multiply's kernel, values aside: device, dtype, shape, layout and threads."""
+    return (
+        weight.device,
+        weight.dtype,
+        tuple(weight.shape),
+        weight.stride(),
+        bias is not None,
+        torch.get_num_threads(),
+    )
+
+
+_TILE_ROWS: dict[tuple, int] = {}  # kernel key -> the rows of its tile
+_ONE_CALL: dict[tuple, bool] = {}  # (kernel key, padded rows) -> does one call give every tile's bits?
+
+
+def tile_rows(weight: torch.Tensor, bias: torch.Tensor | None) -> int:
+    """The rows of a tile for this kernel: the fewest (of TILE_CANDIDATES) such that a row gets the same
+    bits at any place in a tile, beside any rows, as alone in a tile of zeros, and tile-by-tile bits
+    equal one multiply of PROBE_ROWS rows (so that merged passes multiply in one call). Where no size
+    agrees with the one multiply, the largest position-invariant one: passes then loop over tiles.
+    Probed once per kernel key (device, dtype, shape, threads), not per model."""
+    key = _kernel_key(weight, bias)
+    if key not in _TILE_ROWS:
+        with torch.inference_mode():
+            x = _probe_input(PROBE_ROWS, weight, seed=0)
+            whole = F.linear(x, weight, bias)
+            agreeing = (
+                t
+                for t in TILE_CANDIDATES
+                if torch.equal(_tile_by_tile(x, weight, bias, t), whole) and _position_invariant(x, weight, bias, t)
+            )
+            steady = (t for t in reversed(TILE_CANDIDATES) if _position_invariant(x, weight, bias, t))
+            _TILE_ROWS[key] = next(agreeing, None) or next(steady)
+    return _TILE_ROWS[key]
+
+
+def one_call_is_tiled(weight: torch.Tensor, bias: torch.Tensor | None, padded_rows: int) -> bool:
+    """Does one multiply of `padded_rows` rows give every row the bits of its tile? Probed once per kernel
+    key and row count, on first use: every row count a pass reaches is checked, none assumed."""
+    tile = tile_rows(weight, bias)
+    if padded_rows <= tile:
+        return True
+    key = (_kernel_key(weight, bias), padded_rows)
+    if key not in _ONE_CALL:
+        with torch.inference_mode():
+            x = _probe_input(padded_rows, weight, seed=padded_rows)
+            _ONE_CALL[key] = torch.equal(F.linear(x, weight, bias), _tile_by_tile(x, weight, bias, tile))
+    return _ONE_CALL[key]
+
+
+def _probe_input(rows: int, weight: torch.Tensor, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, weight.shape[1], generator=generator).to(weight.device, weight.dtype)
+
+
+def _tile_by_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: int) -> torch.Tensor:
+    return torch.cat([F.linear(part, weight, bias) for part in x.split(tile)])
+
+
+def _position_invariant(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: int) -> bool:
+    """x[0] placed at every position of a tile among other rows of x gets the bits it gets alone, first
+    in a tile of zeros (a pass of one row, padded)."""
+    row, others = x[:1], x[1:tile]
+    alone = F.linear(torch.cat([row, x.new_zeros(tile - 1, x.shape[1])]), weight, bias)[0]
+    for place in range(tile):
+        shared = torch.cat([others[:place], row, others[place:]])
+        if not torch.equal(F.linear(shared, weight, bias)[place], alone):
+            return False
+    return True

@@ -27,6 +27,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from adafuse.errors import ConfigError, ContextLengthError, DataError
+from adafuse.invariance import tile_linear_layers
 from adafuse.projection import block_output_projection
 from adafuse.tokens import TokenBytes, token_bytes, vocabulary_bytes
 from adafuse.words import Detokenizer, ends_inside_char
@@ -121,6 +122,7 @@ class Member:
         self.tokenizer = tokenizer
         self.model = model
         block_output_projection(model)  # the same logits, faster on the CPU (adafuse/projection.py)
+        tile_linear_layers(model)  # row tiles: a row's bits never depend on its batch (adafuse/invariance.py)
         self.chat_template = chat_template
         self.device = model.device
         self.detokenizer = Detokenizer(tokenizer)

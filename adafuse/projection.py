@@ -4,25 +4,29 @@ A model's last layer multiplies each position's hidden state by its output embed
 floats (671 MB) for Gemma-3. With a few rows of hidden states, MKL's GEMM reads that whole matrix from
 memory again for every row or two. A block of 512 of its rows stays in the processor's cache while every
 row is multiplied by it, so the matrix is read once. Each block is the same multiply over the same inner
-dimension, so every logit keeps the bits of one F.linear over the whole matrix (tests/engine/
-test_projection.py checks it on both bundled models' heads); only the time changes (README: Speed).
+dimension, so every logit keeps the bits of one multiply over the whole matrix with the same rows
+(tests/engine/test_projection.py checks it on both bundled models' heads); only the time changes
+(README: Speed).
 
-A single row has nothing to share and keeps F.linear; so do more than `MAX_ROWS` rows, where the
-multiply is bound by arithmetic and the blocks' outputs would hold the logits twice. So do heads where
-blocks cost more than they save (README: Speed, the figures): bfloat16 ones, whose CPU kernels were
-slower in blocks at every size measured, Gemma-3's real head included; and heads with a narrow inner
-dimension (under `MIN_HIDDEN`: the tests' tiny models), where each block is too little work to pay for
-its call. On any other device the layer is left alone: a GPU picks its kernels by shape, so a block
-could round differently.
+Each block is multiplied in row tiles like every other linear layer (adafuse/invariance.py
+`tiled_linear`): the rows are padded to whole tiles once, and every block's multiply is probed as its own
+kernel. A blocked head is blocked for every number of rows, one included, so that a row's logits never
+depend on how many rows its pass had (blocks of a different shape would be another kernel).
+
+Heads where blocks cost more than they save keep one multiply (README: Speed, the figures): bfloat16
+ones, whose CPU kernels were slower in blocks at every size measured, Gemma-3's real head included; and
+heads with a narrow inner dimension (under `MIN_HIDDEN`: the tests' tiny models), where each block is
+too little work to pay for its call. On any other device the layer is left alone: a GPU picks its
+kernels by shape, and the tiles of adafuse/invariance.py already fix that shape.
 """
 
 import functools
 
 import torch
-import torch.nn.functional as F
+
+from adafuse.invariance import multiply_in_tiles, pad_to_tiles
 
 BLOCK_ROWS = 512
-MAX_ROWS = 128
 MIN_HIDDEN = 256
 
 
@@ -39,12 +43,16 @@ def block_output_projection(model) -> None:
 
 
 def _blocked(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    rows = x.numel() // x.shape[-1]
-    if rows < 2 or rows > MAX_ROWS:
-        return F.linear(x, head.weight, head.bias)
+    rows, width = x.numel() // x.shape[-1], x.shape[-1]
     weight, bias = head.weight, head.bias
     blocks = [
-        F.linear(x, weight[i : i + BLOCK_ROWS], None if bias is None else bias[i : i + BLOCK_ROWS])
+        (weight[i : i + BLOCK_ROWS], None if bias is None else bias[i : i + BLOCK_ROWS])
         for i in range(0, weight.shape[0], BLOCK_ROWS)
     ]
-    return torch.cat(blocks, dim=-1)
+    flat = x.reshape(rows, width)
+    padded = {}  # block shape -> the rows padded to its tiles (every block but perhaps the last: one shape)
+    for w, b in blocks:
+        if w.shape not in padded:
+            padded[w.shape] = pad_to_tiles(flat, w, b)
+    out = torch.cat([multiply_in_tiles(padded[w.shape], w, b)[:rows] for w, b in blocks], dim=-1)
+    return out.reshape(*x.shape[:-1], weight.shape[0])

@@ -219,7 +219,7 @@ def summary(task: Task, records: list[dict], settings, models, out: RunDir) -> d
         "n": len(records),
         "limit": task.cfg.limit,
         # Per model, summed over the processes that decoded (batching.jsonl): how requests met
-        # ("attention"/"linear": merged, per_request or alone) and "passes", "merged_passes", "rows".
+        # ("attention"/"linear": merged, row_tiles, per_request or alone) and "passes", "merged_passes", "rows".
         "batching": {"batch_size": settings.batch_size, "exact": settings.batch_exact, "models": out.batching()},
         "runtime": out.config.get("runtime"),  # config.yaml's: torch, each model's device, dtype and GPU
         "metrics": task.corpus_scores(records),

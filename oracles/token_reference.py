@@ -8,7 +8,8 @@ not from baselines/vocab.py.
 """
 
 import torch
-from adafuse.reference import RefModel, align, last_word_start
+
+from oracles.reference import RefModel, align, last_word_start
 
 PARTIAL = "\ufffd"
 _TEXTS: dict = {}  # (tokenizer id, size) -> each id's text: decoding 262k ids takes a second

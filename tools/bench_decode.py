@@ -24,9 +24,12 @@
    (`simple_evaluate` with our `adafuse` model and the task eval/lm_tasks.py writes) and as the runner
    decodes them (`Ensemble.decode_stream`), at the same batch size, alternating which goes first: wall
    time of each, the ratio (goal <= 1.10), and identical texts.
+7. `--only exact`: what exact batching costs (adafuse/invariance.py): AdaFuse on the same 48 prompts of
+   one task (`--batching-task`, default NQ; `--limit` fewer) exact at batch 8, not exact at batch 8 and
+   exact at batch 1, in one run: the three throughputs and whether the outputs are identical.
 Prints a table and writes the figures to results/bench/decode.json; `--only reference`, `authors`,
-`projection` or `lm_eval` writes its section alone to reference.json, authors.json, projection.json or
-lm_eval.json.
+`projection`, `lm_eval` or `exact` writes its section alone to reference.json, authors.json,
+projection.json, lm_eval.json or exact_batching.json.
 """
 
 import argparse
@@ -35,6 +38,7 @@ import ctypes.util
 import functools
 import gc
 import json
+import os
 import platform
 import resource
 import sys
@@ -217,15 +221,18 @@ class PeakMemory:
         self.thread.join()
 
 
-def decode_suite(ens: Ensemble, cases: list, method: str, options: dict, batch_size: int) -> tuple[list, dict]:
-    """Decode every (prompt, stop, budget) case with `batch_size` in flight: (texts in case order, figures)."""
+def decode_suite(
+    ens: Ensemble, cases: list, method: str, options: dict, batch_size: int, exact: bool = True
+) -> tuple[list, dict]:
+    """Decode every (prompt, stop, budget) case with `batch_size` in flight, merged passes `exact` or not
+    (adafuse/invariance.py): (texts in case order, figures)."""
     spec, cfg = resolve_method(method, options)
 
     def one(members, i):
         prompt, stop, budget = cases[i]
         return spec.generate(members, Request(prompt, stop, budget), cfg)
 
-    scheduler, texts = Scheduler(), [None] * len(cases)
+    scheduler, texts = Scheduler(exact=exact), [None] * len(cases)
     started = time.perf_counter()
     with PeakMemory() as memory:
         for i, gen in decode_many(ens.members, range(len(cases)), one, batch_size, scheduler):
@@ -351,6 +358,39 @@ def compare_with_authors(ens: Ensemble, data_dir: Path, authors_code: Path, coun
     }
 
 
+def compare_exact_batching(ens: Ensemble, data_dir: Path, task: str, limit: int) -> dict:
+    """Section 6: AdaFuse on `limit` prompts of `task`, exact at batch 8, not exact at batch 8, exact at
+    batch 1, one after another in one run (the same models, the same warm caches)."""
+    budget = {t: b for t, _, b in SUITE}[task]
+    prompts, stop = task_prompts(task, limit, data_dir)
+    cases = [(p, stop, budget) for p in prompts]
+    # warm-up, not timed: the prompt store reads the task's few-shot prefix, and the row tiles
+    # (adafuse/invariance.py) probe the row counts that merged passes of 8 examples reach
+    decode_suite(ens, [(p, stop, 4) for p in prompts[:8]], "adafuse", {}, 8)
+    runs = {"exact_batch_8": (8, True), "not_exact_batch_8": (8, False), "exact_batch_1": (1, True)}
+    figures, texts = {}, {}
+    for name, (size, exact) in runs.items():
+        texts[name], figures[name] = decode_suite(ens, cases, "adafuse", {}, size, exact)
+        print(
+            f"  {name:17s}: {figures[name]['examples_per_second']:.3f} ex/s ({figures[name]['seconds']:.1f} s), "
+            f"{figures[name]['rows_per_pass']:.1f} rows/pass",
+            flush=True,
+        )
+    exact_8, loose_8, exact_1 = (figures[name]["examples_per_second"] for name in runs)
+    return {
+        "task": task,
+        "prompts": len(cases),
+        "budget": budget,
+        "runs": figures,
+        "exact_8_over_exact_1": exact_8 / exact_1,
+        "exact_8_over_not_exact_8": exact_8 / loose_8,
+        "identical_exact_8_to_exact_1": sum(a == b for a, b in zip(texts["exact_batch_8"], texts["exact_batch_1"])),
+        "identical_not_exact_8_to_exact_1": sum(
+            a == b for a, b in zip(texts["not_exact_batch_8"], texts["exact_batch_1"])
+        ),
+    }
+
+
 PROJECTION_ROWS = (1, 2, 3, 5, 8, 16, 32, 64)
 
 
@@ -439,8 +479,8 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument(
         "--only",
-        choices=["singles", "reference", "batching", "authors", "projection", "lm_eval"],
-        help="run one section (1, 2, 3, 4, 5 or 6)",
+        choices=["singles", "reference", "batching", "authors", "projection", "lm_eval", "exact"],
+        help="run one section (1, 2, 3, 4, 5, 6 or 7)",
     )
     parser.add_argument("--authors-code", type=Path, help="a checkout of CCM0111/AdaFuse (section 4)")
     parser.add_argument("--authors-questions", type=int, default=10, help="NQ questions for section 4")
@@ -459,10 +499,12 @@ def main() -> None:
     parser.add_argument("--batching-task", choices=[t for t, _, _ in SUITE], help="48 prompts of one task, not the mix")
     parser.add_argument("--lm-eval-batch-size", type=int, default=8, help="section 6's examples in flight")
     parser.add_argument("--lm-eval-repeats", type=int, default=2, help="section 6's runs of each")
+    parser.add_argument("--limit", type=int, default=48, help="section 7's prompts (of --batching-task, default nq)")
     parser.add_argument(
         "--out",
         type=Path,
-        help="default: results/bench/decode.json (reference.json, authors.json, projection.json with --only those)",
+        help="default: results/bench/decode.json (reference.json, authors.json, projection.json, exact_batching.json "
+        "with --only those)",
     )
     args = parser.parse_args()
     # a section run alone leaves the full run's decode.json as that run wrote it
@@ -471,6 +513,7 @@ def main() -> None:
         "authors": "authors.json",
         "projection": "projection.json",
         "lm_eval": "lm_eval.json",
+        "exact": "exact_batching.json",
     }
     args.out = args.out or ROOT / "results/bench" / own_file.get(args.only, "decode.json")
     torch.set_num_threads(args.threads)
@@ -546,13 +589,24 @@ def main() -> None:
             f"{harness['prompts']} prompts at batch size {harness['batch_size']}; identical texts "
             f"{harness['identical_texts']}/{harness['prompts']}"
         )
+    if args.only == "exact":
+        task = args.batching_task or "nq"
+        print(f"7. exact batching: AdaFuse on {args.limit} {task} prompts, exact / not exact at batch 8, exact at 1")
+        record["exact"] = exact = compare_exact_batching(ens, args.data_dir, task, args.limit)
+        print(
+            f"exact batch 8 / exact batch 1: {exact['exact_8_over_exact_1']:.2f}x (goal >= 1.7); exact batch 8 / "
+            f"not exact batch 8: {exact['exact_8_over_not_exact_8']:.2f} (goal >= 0.9); identical to exact batch 1: "
+            f"exact batch 8 {exact['identical_exact_8_to_exact_1']}/{exact['prompts']}, not exact batch 8 "
+            f"{exact['identical_not_exact_8_to_exact_1']}/{exact['prompts']}"
+        )
     if args.only in (None, "singles"):
         print("1. every method vs the two single models (same prompts, interleaved)", flush=True)
         record["singles"] = singles = compare_with_singles(
             ens, args.data_dir, scale, args.tasks or [t for t, _, _ in SUITE]
         )
         report_singles(singles)
-    record.update(peak_rss_gb=peak_rss_gb(), quick=args.quick)
+    # other processes share this machine: the 1, 5 and 15 minute load averages at the end of the run
+    record.update(peak_rss_gb=peak_rss_gb(), quick=args.quick, load_average=os.getloadavg())
     print(f"peak RSS: {peak_rss_gb():.2f} GB")
     write(args, record)
 

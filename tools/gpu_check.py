@@ -9,8 +9,10 @@
    (both members) and AdaFuse on the harness's NQ prompts; outputs identical to batch size 1 with exact
    batching, and without it; each greedy step's log-probability bit for bit; the time of each; and how
    each model's requests met in merged passes (whether this GPU's matrix multiplies depend on the
-   number of rows, so that exactness splits them per request).
-3. tools/bench_decode.py's AdaFuse section (every method against the members' greedy decoding) and
+   number of rows; exact passes multiply in row tiles either way: adafuse/invariance.py).
+3. tools/bench_decode.py's exact-batching section (AdaFuse exact at batch 8, not exact at batch 8, exact
+   at batch 1, on 48 NQ prompts) with the paper's pair in shape in bfloat16: does exact batching pay here?
+4. tools/bench_decode.py's AdaFuse section (every method against the members' greedy decoding) and
    its batching section (batch sizes 1 and 8), on a quarter of their prompts.
 
 Each step runs within what is left of the time limit and is recorded as it ends, so a step that runs
@@ -34,7 +36,7 @@ from adafuse.batching import Scheduler, decode_many
 from adafuse.config import ModelConfig
 from adafuse.methods import METHODS
 from tools import make_paper_pair
-from tools.bench_decode import task_prompts
+from tools.bench_decode import compare_exact_batching, task_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,10 +77,27 @@ def reference_tests(out: Path, dry_run: bool, seconds: float) -> dict:
     return result
 
 
+def paper_pair_bf16() -> Ensemble:
+    """The paper's pair in shape (scripts/make_paper_pair.py) in bfloat16, on the GPU if there is one."""
+    root = make_paper_pair.cached()
+    return Ensemble.from_config(
+        [ModelConfig(name=n, path=str(root / n), dtype="bfloat16") for n in make_paper_pair.DEFAULT]
+    )
+
+
+def exact_batching(prompts: int, data_dir: Path) -> dict:
+    """bench_decode's section 6 on the paper's pair in shape, bfloat16: the row tiles each linear layer
+    chose on this device (adafuse/invariance.py) and what exactness costs at batch 8."""
+    from adafuse.invariance import _TILE_ROWS
+
+    report = compare_exact_batching(paper_pair_bf16(), data_dir, "nq", prompts)
+    report["tile_rows"] = {str(key): rows for key, rows in _TILE_ROWS.items()}
+    return report
+
+
 def shaped_pair_batching(prompts: int, budget: int, data_dir: Path) -> dict:
     names = make_paper_pair.DEFAULT
-    root = make_paper_pair.cached()
-    pair = Ensemble.from_config([ModelConfig(name=n, path=str(root / n), dtype="bfloat16") for n in names])
+    pair = paper_pair_bf16()
     texts, stop = task_prompts("nq", prompts, data_dir)
     report = {"prompts": len(texts), "budget": budget, "models": list(names), "runs": {}}
     for name, (method, cfg) in {
@@ -157,6 +176,7 @@ def main() -> None:
     step("reference_tests", lambda left: reference_tests(args.out, args.dry_run, left))
     prompts, budget = (2, 4) if args.dry_run else (24, 32)
     step("shaped_pair_bf16", lambda left: shaped_pair_batching(prompts, budget, args.data_dir))
+    step("exact_batching", lambda left: exact_batching(4 if args.dry_run else 48, args.data_dir))
     step("bench_decode", lambda left: bench_sections(args.out, args.dry_run, left))
     print(f"written to {args.out}")
 

@@ -1,14 +1,17 @@
 """Batch size never changes an output: a merged pass computes every request exactly as it would be
 computed alone (adafuse/invariance.py), bit for bit, in bfloat16 (the dtype the paper's configs load)
-and float32, on the paper's pair in shape; and `single` at batch size 8 equals batch size 1 and
-transformers' own generate()."""
+and float32, on the paper's pair in shape, with one multiply per linear layer whatever the number of
+requests (row tiles); and `single` at batch size 8 equals batch size 1 and transformers' own generate()."""
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from adafuse import Ensemble, Request, SingleConfig
 from adafuse.batching import Scheduler, can_merge_exactly, decode_many, forward_together
 from adafuse.config import ModelConfig
+from adafuse.invariance import _ONE_CALL, _kernel_key, tile_rows, tiled_linear
 from adafuse.methods import METHODS
 from oracles.greedy import hf_greedy
 from tools.paper_pair import NAMES
@@ -94,3 +97,94 @@ def test_single_at_batch_8_equals_batch_1_and_generate(pair, which):
             assert alone[i].ids[0] == hf_greedy(member, prompt, 16), prompt
     finally:
         member.model.set_attn_implementation(stock)
+
+
+class MultiplyCount(TorchFunctionMode):
+    """Counts the matrix multiplies (F.linear calls) made inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += func is F.linear
+        return func(*args, **(kwargs or {}))
+
+
+def mixed_requests(member, count: int) -> tuple[list, list]:
+    """`count` requests over caches of different lengths, 1-3 rows of 1-4 tokens each, in a fixed mix."""
+    starts = started(member, PROMPTS)
+    caches, inputs = [], []
+    for j in range(count):
+        rows, width = 1 + j % 3, 1 + (j * 7) % 4
+        base = starts[j % len(PROMPTS)]
+        caches.append(base.fork(rows).cache if rows > 1 else base.cache)
+        ids = [[(11 * j + 5 * r + c) % 500 + 3 for c in range(width)] for r in range(rows)]
+        inputs.append(torch.tensor(ids, device=member.device))
+    return caches, inputs
+
+
+def test_a_row_s_logits_do_not_depend_on_what_shares_its_pass_and_it_is_one_multiply(pair):
+    """1 to 64 requests of mixed widths, row counts and cache lengths, in one order and the reverse: every
+    request's logits are those of its pass alone, bit for bit, and a merged pass makes as many multiplies
+    as a pass alone (the linear layers multiply all its rows at once, in row tiles)."""
+    for member in pair.members:
+        caches, inputs = mixed_requests(member, 64)
+        alone = [member.forward_alone(_copy(c), x) for c, x in zip(caches, inputs)]
+        for count in (1, 2, 5, 17, 64):
+            for order in (range(count), reversed(range(count))):
+                order = list(order)
+                merged, _ = forward_together(member, [_copy(caches[j]) for j in order], [inputs[j] for j in order])
+                assert all(torch.equal(m, alone[j]) for j, m in zip(order, merged)), (member.name, count)
+        with MultiplyCount() as one:
+            member.forward_alone(_copy(caches[0]), inputs[0])
+        with MultiplyCount() as sixty_four:  # its row counts were met (and probed) above
+            forward_together(member, [_copy(c) for c in caches], inputs)
+        linear_layers = sum(isinstance(m, torch.nn.Linear) for m in member.model.modules())
+        assert one.calls == linear_layers, member.name
+        if member.model.dtype == torch.float32:  # the CPU's default: one multiply of all the rows per layer
+            assert sixty_four.calls == linear_layers, member.name
+        # in bfloat16 some layers of this pair go tile by tile above some row count (one multiply of
+        # all the rows is probed and found to round differently): exact still, not one multiply
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["smollm2", "gemma3"])
+def test_every_linear_layer_of_the_bundled_models_gives_a_row_its_bits_whatever_its_pass(tiny, index):
+    """On both bundled models' real weights (float32): a row placed first, last or in the middle of a pass
+    of 1 to 64 rows, beside random others, gets the bits it gets alone, through each of the model's layer
+    shapes (the blocked vocabulary projection included)."""
+    model = tiny.members[index].model
+    layers = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            layers.setdefault((module.in_features, module.out_features), module)
+    generator = torch.Generator().manual_seed(index)
+    for (hidden, _), layer in layers.items():
+        row = torch.randn(1, hidden, generator=generator)
+        alone = layer(row)[0]
+        head = layer is model.get_output_embeddings()
+        for rows in (1, 2, 3, 5, 8, 13, 34, 64) if head else range(1, 65):
+            others = torch.randn(rows - 1, hidden, generator=generator)
+            for place in sorted({0, rows // 2, rows - 1}):
+                shared = torch.cat([others[:place], row, others[place:]])
+                assert torch.equal(layer(shared)[place], alone), (layer, rows, place)
+
+
+def test_the_tile_by_tile_path_gives_the_one_multiply_s_bits(smol):
+    """Where one multiply of all the rows would not keep each tile's bits, tiles are multiplied one by one:
+    the same bits wherever the two agree, one multiply per tile."""
+    layer = next(m for m in smol.model.modules() if isinstance(m, torch.nn.Linear))
+    x = torch.randn(3, 7, layer.in_features, generator=torch.Generator().manual_seed(5))
+    tile = tile_rows(layer.weight, layer.bias)
+    padded = -(-21 // tile) * tile
+    one_call = tiled_linear(x, layer.weight, layer.bias)
+    key = (_kernel_key(layer.weight, layer.bias), padded)
+    assert _ONE_CALL[key], "the one multiply of these rows disagrees with its tiles on this machine"
+    _ONE_CALL[key] = False
+    try:
+        with MultiplyCount() as count:
+            by_tiles = tiled_linear(x, layer.weight, layer.bias)
+    finally:
+        _ONE_CALL[key] = True
+    assert count.calls == padded // tile
+    assert torch.equal(by_tiles, one_call)

@@ -1,6 +1,7 @@
 """The blocked vocabulary projection (adafuse/projection.py) on the bundled models' real heads: the same
-bits as one F.linear over the whole matrix, for every number of rows a decoder gives it, inside a merged
-pass too; and only where blocks pay: float32 heads of a wide hidden size, on the CPU."""
+bits as one F.linear over the whole matrix with the same (tile-padded) rows, for every number of rows a
+decoder gives it, inside a merged pass too; and only where blocks pay: float32 heads of a wide hidden
+size, on the CPU."""
 
 import pytest
 import torch
@@ -8,9 +9,9 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from adafuse.invariance import Span, split_linear, split_pass
+from adafuse.invariance import pad_to_tiles
 from adafuse.model import Member
-from adafuse.projection import BLOCK_ROWS, MAX_ROWS, MIN_HIDDEN, block_output_projection
+from adafuse.projection import BLOCK_ROWS, MIN_HIDDEN, block_output_projection
 
 
 class BlockCount(TorchFunctionMode):
@@ -32,34 +33,35 @@ class BlockCount(TorchFunctionMode):
 @pytest.mark.slow
 @pytest.mark.parametrize("index", [0, 1], ids=["smollm2", "gemma3"])
 def test_the_blocked_projection_gives_the_bits_of_one_multiply(tiny, index):
+    """For every number of rows, one included: the bits of one F.linear over the whole matrix with the
+    same rows, padded to the blocks' row tiles (adafuse/invariance.py), and blocks every time."""
     head = tiny.members[index].model.get_output_embeddings()
     vocab, hidden = head.weight.shape
     assert head._adafuse_blocked  # every Member blocks its model's head on the CPU
     generator = torch.Generator().manual_seed(index)
-    for shape in [(1, 1), (1, 2), (3, 1), (1, 5), (2, 4), (1, 33), (4, 32), (1, MAX_ROWS + 1)]:
+    for shape in [(1, 1), (1, 2), (3, 1), (1, 5), (2, 4), (1, 33), (4, 32), (1, 129)]:
         x = torch.randn(*shape, hidden, generator=generator)
-        rows = shape[0] * shape[1]
+        head(x)  # the first multiply of a row count probes its tiles (adafuse/invariance.py)
         with BlockCount(vocab) as count:
             got = head(x)
-        assert torch.equal(got, F.linear(x, head.weight, head.bias)), shape
-        blocked = 1 < rows <= MAX_ROWS
-        assert (count.blocks, count.whole) == ((count.per_multiply, 0) if blocked else (0, 1)), shape
+        rows = shape[0] * shape[1]
+        padded = pad_to_tiles(x.reshape(rows, hidden), head.weight[:BLOCK_ROWS], None)
+        assert torch.equal(got.reshape(rows, vocab), F.linear(padded, head.weight, head.bias)[:rows]), shape
+        assert (count.blocks, count.whole) == (count.per_multiply, 0), shape
 
 
 @pytest.mark.slow
-def test_a_split_pass_multiplies_each_request_in_blocks(smol):
-    """Inside a merged pass whose linear layers are split per request (adafuse/invariance.py), each
-    request's rows still go through the blocked projection, and give the bits they give alone."""
-    model = smol.model
-    head = model.get_output_embeddings()
-    split_linear(model)  # idempotent: a merged pass of the batching tests may have done it already
+def test_a_merged_pass_multiplies_all_its_rows_in_blocks_once(smol):
+    """A merged pass's rows go through the blocked projection together, one multiply per block, and each
+    request's rows get the bits they get alone."""
+    head = smol.model.get_output_embeddings()
     x = torch.randn(2, 3, head.in_features, generator=torch.Generator().manual_seed(7))
-    spans = [Span(rows=slice(0, 1), length=0, width=3), Span(rows=slice(1, 2), length=0, width=2)]
-    with split_pass(spans, longest=0, split_linear=True), BlockCount(head.out_features) as count:
+    head(x)  # probes this row count's tiles
+    with BlockCount(head.out_features) as count:
         merged = head(x)
-    assert count.blocks == 2 * count.per_multiply and count.whole == 0
-    assert torch.equal(merged[0], F.linear(x[0], head.weight))
-    assert torch.equal(merged[1, :2], F.linear(x[1, :2], head.weight))
+    assert count.blocks == count.per_multiply and count.whole == 0
+    assert torch.equal(merged[0], head(x[0]))
+    assert torch.equal(merged[1, :2], head(x[1, :2]))
 
 
 class HeadOnly(torch.nn.Module):
@@ -81,10 +83,19 @@ def test_only_wide_float32_heads_are_blocked(dtype, hidden, blocked):
     block_output_projection(model)
     assert ("forward" in vars(model.lm_head)) == blocked
     x = torch.randn(3, hidden, dtype=dtype, generator=torch.Generator().manual_seed(3))
+    model.lm_head(x)  # the first multiply of a row count probes its tiles (adafuse/invariance.py)
     with BlockCount(model.lm_head.out_features) as count:
         got = model.lm_head(x)
     assert (count.blocks, count.whole) == ((2, 0) if blocked else (0, 1))
-    assert torch.equal(got, F.linear(x, model.lm_head.weight))
+    weight = model.lm_head.weight
+    if not blocked:
+        assert torch.equal(got, F.linear(x, weight))
+        return
+    # each block multiplies in its own shape's row tiles: the two full blocks alike, the last 3 rows apart
+    full = 2 * BLOCK_ROWS
+    for part in (slice(0, full), slice(full, None)):
+        want = F.linear(pad_to_tiles(x, weight[part][:BLOCK_ROWS], None), weight[part])[:3]
+        assert torch.equal(got[:, part], want)
 
 
 @pytest.mark.slow
