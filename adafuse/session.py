@@ -89,6 +89,14 @@ class Session:
             self.stats.stop_reason = "length"
         return self.done
 
+    def end_early(self, text: str) -> None:
+        """End in a round that was not completed: every candidate it could have chosen cuts G to `text`
+        at a stop string (adafuse/decode.py `RoundEnd`). Nothing is committed, so each member's output
+        ids are those of the rounds before, and `rounds` counts only rounds with a winner."""
+        self.text = text
+        self.stats.stop_reason = "stop"
+        self.stats.early_finish = True
+
     def finish(self) -> Generation:
         """The Generation: G, stats with each member's token counts, and the trace if one was kept."""
         ids = [list(m.generated_ids) for m in self.members] if self.output_ids is None else self.output_ids

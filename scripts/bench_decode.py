@@ -169,7 +169,7 @@ def compare_with_reference(ens: Ensemble, data_dir: Path, count: int, budget: in
         fast = adafuse.generate(ens.members, Request(prompt, max_new_tokens=budget), cfg)
         fast_s += time.perf_counter() - started
         started = time.perf_counter()
-        slow_text, _, _ = reference.generate(ens.members, Request(prompt, max_new_tokens=budget), cfg)
+        slow_text = reference.generate(ens.members, Request(prompt, max_new_tokens=budget), cfg).text
         slow_s += time.perf_counter() - started
         identical += slow_text == fast.text
         lengths.append(min(len(m.encode(prompt)) for m in ens.members))

@@ -12,8 +12,12 @@ import pytest
 import torch
 
 from adafuse import AdaFuseConfig, Request, reference
+from adafuse.decode import decode as adafuse_decode
+from adafuse.decode import positions_needed
+from adafuse.session import Session
+from adafuse.trace import Generation
 from tests.conftest import WINDOW
-from tests.engine.helpers import assert_scores_match, decode
+from tests.engine.helpers import assert_scores_match, decode, nq_prompt
 
 from .helpers import clone
 
@@ -36,19 +40,47 @@ PROMPTS = [
 ]
 
 
-def assert_agree(members, prompt, stop, budget, cfg):
-    fast = decode(members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
-    slow_text, rounds, slow_ids = reference.generate(members, Request(prompt, stop, budget), cfg)
-    assert fast.text == slow_text
-    assert fast.ids == slow_ids
-    assert len(fast.trace.rounds) == len(rounds)
-    for r, (pool, winner) in zip(fast.trace.rounds, rounds):
+def assert_agree(members, prompt, stop, budget, cfg, early_finish=True):
+    if early_finish:
+        fast = decode(members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
+    else:
+        fast = decode_in_full(members, Request(prompt, stop, budget, trace=True), cfg)
+    slow = reference.generate(members, Request(prompt, stop, budget), cfg, early_finish=early_finish)
+    assert fast.text == slow.text
+    assert fast.ids == slow.ids
+    assert fast.stats.early_finish == slow.early_finish
+    assert len(fast.trace.rounds) == len(slow.rounds)
+    for r, (pool, winner) in zip(fast.trace.rounds, slow.rounds):
         assert [(c.text, c.eos, c.proposers) for c in r.candidates] == [(c.text, c.eos, c.proposers) for c in pool]
         assert r.winner == winner
         for fc, rc in zip(r.candidates, pool):
             assert_scores_match(fc.scores, rc.scores)
             assert fc.fused == pytest.approx(rc.fused, abs=1e-4)
     return fast
+
+
+def decode_in_full(members, request: Request, cfg: AdaFuseConfig) -> Generation:
+    """AdaFuse with every round completed and scored, even one whose outcome is settled early."""
+    session = Session(members, request, reserve=positions_needed(cfg, request.max_new_tokens))
+    adafuse_decode(session, cfg, early_finish=False)
+    return session.finish()
+
+
+def test_early_finish_ends_as_the_full_round_would_and_as_the_reference_does(tiny, shared_data):
+    """NQ's nq-1 ends in a round whose every candidate starts with a newline, NQ's stop: the round ends
+    there, unscored, with the text and stop reason the full round gives (whichever candidate it chose),
+    the same rounds before it, and output ids that are the committed rounds' (so a prefix of the full
+    run's, which also committed the last winner's ids). Both ways agree with the reference."""
+    prompt, stop = nq_prompt(shared_data, "nq-1")
+    early = assert_agree(tiny.members, prompt, stop, 32, AdaFuseConfig())
+    full = assert_agree(tiny.members, prompt, stop, 32, AdaFuseConfig(), early_finish=False)
+    assert early.stats.early_finish and not full.stats.early_finish
+    assert (early.text, early.stats.stop_reason) == (full.text, full.stats.stop_reason) == (" John Lennon", "stop")
+    assert rounds_of(early) == rounds_of(full)[:-1] and full.stats.rounds == early.stats.rounds + 1
+    assert early.stats.words_per_round == full.stats.words_per_round[:-1]
+    for early_ids, full_ids in zip(early.ids, full.ids):
+        assert full_ids[: len(early_ids)] == early_ids and len(full_ids) > len(early_ids)
+    assert all(e < f for e, f in zip(early.stats.forward_passes, full.stats.forward_passes))
 
 
 # The real pair reads three kinds (a stop string, umlauts, CJK) and, in the option checks below, the emoji;
