@@ -17,7 +17,7 @@ from adafuse.decode import positions_needed
 from adafuse.session import Session
 from adafuse.trace import Generation
 from tests.conftest import WINDOW
-from tests.engine.helpers import assert_scores_match, decode, nq_prompt
+from tests.engine.helpers import assert_scores_match, decode
 
 from .helpers import clone
 
@@ -66,16 +66,20 @@ def decode_in_full(members, request: Request, cfg: AdaFuseConfig) -> Generation:
     return session.finish()
 
 
-def test_early_finish_ends_as_the_full_round_would_and_as_the_reference_does(tiny, shared_data):
-    """NQ's nq-1 ends in a round whose every candidate starts with a newline, NQ's stop: the round ends
-    there, unscored, with the text and stop reason the full round gives (whichever candidate it chose),
-    the same rounds before it, and output ids that are the committed rounds' (so a prefix of the full
-    run's, which also committed the last winner's ids). Both ways agree with the reference."""
-    prompt, stop = nq_prompt(shared_data, "nq-1")
-    early = assert_agree(tiny.members, prompt, stop, 32, AdaFuseConfig())
-    full = assert_agree(tiny.members, prompt, stop, 32, AdaFuseConfig(), early_finish=False)
+ONE_SHOT = "Question: who wrote Hamlet?\nAnswer: William Shakespeare\n\nQuestion: Who painted the Mona Lisa?\nAnswer:"
+
+
+def test_early_finish_ends_as_the_full_round_would_and_as_the_reference_does(tiny):
+    """After " Leonardo da Vinci" every candidate of the round starts with a newline, the stop: the round
+    ends there, unscored, with the text and stop reason the full round gives (whichever candidate it
+    chose), the same rounds before it, and output ids that are the committed rounds' (so a prefix of the
+    full run's, which also committed the last winner's ids). Both ways agree with the reference."""
+    early = assert_agree(tiny.members, ONE_SHOT, ["\n"], 8, AdaFuseConfig())
+    full = assert_agree(tiny.members, ONE_SHOT, ["\n"], 8, AdaFuseConfig(), early_finish=False)
     assert early.stats.early_finish and not full.stats.early_finish
-    assert (early.text, early.stats.stop_reason) == (full.text, full.stats.stop_reason) == (" John Lennon", "stop")
+    assert (
+        (early.text, early.stats.stop_reason) == (full.text, full.stats.stop_reason) == (" Leonardo da Vinci", "stop")
+    )
     assert rounds_of(early) == rounds_of(full)[:-1] and full.stats.rounds == early.stats.rounds + 1
     assert early.stats.words_per_round == full.stats.words_per_round[:-1]
     for early_ids, full_ids in zip(early.ids, full.ids):
