@@ -20,6 +20,7 @@ is already in the row that proposed or scored it (see `Member.commit`).
 """
 
 import math
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +30,7 @@ from adafuse.errors import NumericsError
 from adafuse.methods import Method
 from adafuse.model import Member, Rows
 from adafuse.session import Session
+from adafuse.stopping import settled_cut
 from adafuse.trace import CandidateTrace, ModelRound, RoundTrace, Score
 from adafuse.words import CHAR_SLACK, ends_inside_char, is_word_complete
 
@@ -78,11 +80,20 @@ class Candidate:
         return list(self.proposals)
 
 
-def decode(s: Session, cfg: AdaFuseConfig) -> None:
-    """Decode the session's request with its members (K >= 1), round after round (spec §3-§5)."""
+def decode(s: Session, cfg: AdaFuseConfig, early_finish: bool = True) -> None:
+    """Decode the session's request with its members (K >= 1), round after round (spec §3-§5).
+
+    `early_finish`: a round whose candidates all stop at the same text ends as soon as that is known
+    (`RoundEnd`), without completing or scoring its words; the text is the one the full round gives.
+    """
     while not s.done:
         round_idx = s.rounds
-        proposals, model_rounds = zip(*(propose(m, cfg, round_idx) for m in s.members))
+        ending = RoundEnd(s.text, s.stop) if early_finish and s.stop else None
+        proposed = propose_all(s.members, cfg, round_idx, ending)
+        if ending is not None and ending.settled:
+            s.end_early(ending.target)
+            break
+        proposals, model_rounds = zip(*proposed)
         pool = build_pool(proposals)
         for k, m in enumerate(s.members):
             score_candidates(m, k, pool, round_idx)
@@ -91,6 +102,72 @@ def decode(s: Session, cfg: AdaFuseConfig) -> None:
         if s.tracing:
             s.log_round(_round_trace(round_idx, model_rounds, pool, fused, winner))
         commit_winner(s.members, s, pool[winner])
+
+
+class RoundEnd:
+    """Whether a round's outcome is settled before its candidates are complete: every candidate, appended
+    to G, reaches a stop string and is cut at the same point (spec §5), so whichever one would win, G
+    ends as `target`.
+
+    Candidates report as soon as their text settles the cut (`stopping.settled_cut`): a word being
+    completed pauses there (`completing_words`), and a model's proposal with it. One candidate that
+    ends without a stop, or at another point, makes the round run in full: the paused proposals resume
+    where they stopped, so they end exactly as they would have without the pause.
+    """
+
+    def __init__(self, text: str, stop: tuple[str, ...]):
+        self.text, self.stop = text, stop
+        self.possible = True  # no candidate known so far rules an early finish out
+        self.target: str | None = None  # the text every candidate known so far is cut to
+
+    @property
+    def settled(self) -> bool:
+        return self.possible and self.target is not None
+
+    def cut(self, candidate: str, final: bool) -> str | None:
+        """The text G ends as with this candidate (a complete one if `final`, else a prefix of one), if settled."""
+        return settled_cut(self.text, candidate, self.stop, final)
+
+    def agree(self, cuts: list[str | None]) -> bool:
+        """Do these candidates' cuts settle where every one before them does? If not, no early finish."""
+        target = cuts[0] if self.target is None and cuts else self.target
+        if self.possible and cuts and all(cut is not None and cut == target for cut in cuts):
+            self.target = target
+        else:
+            self.possible = False
+        return self.possible
+
+
+def propose_all(members: list[Member], cfg: AdaFuseConfig, round_idx: int, ending: RoundEnd | None) -> list:
+    """Every model's (proposals, ModelRound), proposed model by model. With `ending`, a proposal whose
+    candidates all settle pauses; the paused ones resume only if some other candidate rules an early
+    finish out. If none does, `ending.settled`, and a paused model's entry is None: its proposal is dropped."""
+    steps = [proposing(m, cfg, round_idx, ending) for m in members]
+    results: list = [None] * len(members)
+    for k, step in enumerate(steps):
+        results[k] = next_pause(step)
+        if results[k] is not None and ending is not None and ending.possible:
+            ending.agree([ending.cut(p.text, final=True) for p in results[k][0]])
+    if ending is not None and ending.settled:
+        return results
+    return [finish(step) if result is None else result for step, result in zip(steps, results)]
+
+
+def next_pause(steps: Generator):
+    """Run a paused computation on: its result, or None if it paused again."""
+    try:
+        next(steps)
+    except StopIteration as done:
+        return done.value
+    return None
+
+
+def finish(steps: Generator):
+    """Run a paused computation to its end (nothing can end the round early any more): its result."""
+    while True:
+        result = next_pause(steps)
+        if result is not None:
+            return result
 
 
 def positions_needed(cfg: AdaFuseConfig, max_new_tokens: int) -> int:
@@ -109,6 +186,14 @@ def margin(logprobs: torch.Tensor) -> float:
 
 def propose(m: Member, cfg: AdaFuseConfig, round_idx: int = 0) -> tuple[list[Proposal], ModelRound]:
     """One model's candidates for this round, and the trace of its margins and committed words."""
+    return finish(proposing(m, cfg, round_idx, None))
+
+
+def proposing(
+    m: Member, cfg: AdaFuseConfig, round_idx: int, ending: RoundEnd | None
+) -> Generator[None, None, tuple[list[Proposal], ModelRound]]:
+    """`propose`, pausing (yielding) wherever the text of every candidate it can still make settles
+    `ending` (its words are completed by `completing_words`)."""
     adaptive = cfg.fixed_words is None  # the ablation commits fixed_words greedy words, no confidence test
     rows = m.fork(1)
     logprobs, words, margins = m.logprobs, [], []
@@ -118,10 +203,12 @@ def propose(m: Member, cfg: AdaFuseConfig, round_idx: int = 0) -> tuple[list[Pro
             if math.isnan(margins[-1]):  # NaN < tau is False: it would count as confident
                 raise NumericsError(f"model {m.name!r}: the margin is NaN in round {round_idx} (non-finite logits)")
             if margins[-1] < cfg.tau:  # an uncertain word: explore it, and end the round
-                branches = explore(m, rows, words, logprobs, cfg)
+                branches = yield from exploring(m, rows, words, logprobs, cfg, ending)
                 round_ = ModelRound(margins, [w.text for w in words], branched=True)
                 return [Proposal(words + [w], r, i) for w, (r, i) in branches], round_
-        (word,) = complete_words(m, rows, [m.tokens.choose(logprobs)], logprobs, words, cfg.max_word_tokens)
+        first = [m.tokens.choose(logprobs)]
+        # every candidate of this model goes on from this word: its text settling is theirs settling
+        (word,) = yield from completing_words(m, rows, first, logprobs, words, cfg.max_word_tokens, ending, False)
         words.append(word)
         if word.eos or word.cut:
             break
@@ -131,11 +218,17 @@ def propose(m: Member, cfg: AdaFuseConfig, round_idx: int = 0) -> tuple[list[Pro
 
 def explore(m: Member, rows: Rows, words: list[Word], logprobs: torch.Tensor, cfg: AdaFuseConfig):
     """The uncertain word's alternatives: [(word, (rows, row))], best first."""
+    return finish(exploring(m, rows, words, logprobs, cfg, None))
+
+
+def exploring(m: Member, rows: Rows, words: list[Word], logprobs: torch.Tensor, cfg: AdaFuseConfig, ending):
+    """`explore`, pausing where every branch's text settles `ending` (not the beam search: it ranks
+    whole words)."""
     if cfg.diversity or cfg.branches == 1:
         # distinct first tokens, by probability, each one that can start a character
         firsts = m.tokens.restrict(logprobs).topk(cfg.branches).indices.tolist()
         fork = rows.fork(0, len(firsts))
-        completed = complete_words(m, fork, firsts, logprobs, words, cfg.max_word_tokens)
+        completed = yield from completing_words(m, fork, firsts, logprobs, words, cfg.max_word_tokens, ending, True)
         return [(w, (fork, i)) for i, w in enumerate(completed)]
     return beam_words(m, rows, words, logprobs, cfg)
 
@@ -150,16 +243,47 @@ def complete_words(
     A word is cut at `max_tokens` tokens; one that ends inside a character there runs on for up to
     `CHAR_SLACK` tokens to finish it, and is cut back to its last character boundary if it cannot.
     """
+    return finish(completing_words(m, rows, firsts, logprobs, before, max_tokens, None, False))
+
+
+def completing_words(
+    m: Member,
+    rows: Rows,
+    firsts: list[int],
+    logprobs: torch.Tensor,
+    before: list[Word],
+    max_tokens: int,
+    ending: RoundEnd | None,
+    last: bool,
+) -> Generator[None, None, list[Word]]:
+    """`complete_words`, pausing (yielding) before a step when every row still growing has text that
+    settles `ending`, and so do the rows already complete if their words end candidates (`last`).
+    All rows pause together, so the steps after a resume are the very steps they would have been."""
     context = m.ids + [i for w in before for i in w.ids]
+    committed = "".join(w.text for w in before)
     words: list[Word | None] = [None] * len(firsts)
     ids = [[t] for t in firsts]
     lps = [[logprobs[t].item()] for t in firsts]
     dists: list[list[torch.Tensor]] = [[] for _ in firsts]  # dists[i][j]: the distribution after ids[i][: j + 1]
     feed = [[t] for t in firsts]
+    texts: list[str] = [""] * len(firsts)  # texts[i]: the text of ids[i], its last token not read yet
     for i, t in enumerate(firsts):
         if t in m.eos_ids:  # end-of-sequence as the first token: the empty word, flagged eos
             words[i], feed[i] = Word([], [], "", True, logprobs), []
     while any(feed):
+        for i, fed in enumerate(feed):
+            if fed:
+                texts[i] = m.text_of(ids[i], context)
+        if ending is not None and ending.possible:
+            # text that ends inside a character is not a prefix of the word's text: that character will change
+            growing = [
+                None if ends_inside_char(texts[i]) else ending.cut(committed + texts[i], False)
+                for i, fed in enumerate(feed)
+                if fed
+            ]
+            complete = [ending.cut(committed + w.text, True) for w in words if w is not None] if last else []
+            if None not in growing and ending.agree(growing + complete):
+                yield
         step = rows.extend(feed)
         for i, fed in enumerate(feed):
             if not fed:
@@ -167,7 +291,7 @@ def complete_words(
             dist = step[i, 0]
             dists[i].append(dist)
             nxt = m.tokens.choose(dist, m.tokens.pending(ids[i]))
-            text = m.text_of(ids[i], context)
+            text = texts[i]
             at_eos = nxt in m.eos_ids
             next_text = None if at_eos or ends_inside_char(text) else m.text_of([nxt], context + ids[i])
             capped = len(ids[i]) >= max_tokens and not ends_inside_char(text)

@@ -155,6 +155,14 @@ class Session:
         `generated_ids` otherwise)."""
         self._output_ids = ids
 
+    def end_early(self, text: str) -> None:
+        """End in a round that was not completed: every candidate it could have chosen cuts G to `text`
+        at a stop string (adafuse/decode.py `RoundEnd`). Nothing is committed, so each member's output
+        ids are those of the rounds before, and `rounds` counts only rounds with a winner."""
+        self._text = text
+        self.end("stop")
+        self._stats.early_finish = True
+
     def finish(self) -> Generation:
         """The Generation: G, stats with each member's token counts, and the trace if one was kept."""
         members = self._members

@@ -30,3 +30,20 @@ def check_budget(max_new_tokens: int) -> int:
     if max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     return max_new_tokens
+
+
+def settled_cut(text: str, new: str, stop: tuple[str, ...], final: bool) -> str | None:
+    """Where `text + new` is cut (`cut_at_stop`), if a stop string in it already settles that: the cut
+    text, else None. With `final=False`, `new` may still grow: the cut is settled only when no text
+    appended later can complete a stop string that starts before the one found (stops "XYZ" and "Y"
+    after "...XY": a "Z" would move the cut one character earlier)."""
+    cut, hit = cut_at_stop(text, new, stop)
+    if not hit:
+        return None
+    if not final:
+        whole = text + new
+        for s in stop:
+            for start in range(max(len(whole) - len(s) + 1, 0), len(cut)):
+                if s.startswith(whole[start:]):
+                    return None
+    return cut

@@ -4,7 +4,10 @@ identical text, ids, pools (text, eos, proposers) and winners, NLLs and fused sc
 
 import pytest
 
-from adafuse import Request
+from adafuse import AdaFuseConfig, Generation, Request
+from adafuse.decode import decode as adafuse_decode
+from adafuse.decode import positions_needed
+from adafuse.session import Session
 from oracles import reference
 from tools.testing import decode
 
@@ -17,14 +20,19 @@ def assert_scores_match(fast_scores, slow_scores) -> None:
         assert fs.nll == pytest.approx(value, abs=1e-4)
 
 
-def assert_adafuse_agrees(members, prompt, stop, budget, cfg):
-    """The fast decode of `prompt` equals the reference's, round by round; returns the fast Generation."""
-    fast = decode(members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
-    slow_text, rounds, slow_ids = reference.generate(members, Request(prompt, stop, budget), cfg)
-    assert fast.text == slow_text
-    assert fast.ids == slow_ids
-    assert len(fast.trace.rounds) == len(rounds)
-    for r, (pool, winner) in zip(fast.trace.rounds, rounds):
+def assert_adafuse_agrees(members, prompt, stop, budget, cfg, early_finish: bool = True):
+    """The fast decode of `prompt` equals the reference's, round by round, early finish included (or, with
+    `early_finish=False`, both complete and score every round); returns the fast Generation."""
+    if early_finish:
+        fast = decode(members, prompt, cfg, stop=stop, max_new_tokens=budget, trace=True)
+    else:
+        fast = decode_in_full(members, Request(prompt, stop, budget, trace=True), cfg)
+    slow = reference.generate(members, Request(prompt, stop, budget), cfg, early_finish=early_finish)
+    assert fast.text == slow.text
+    assert fast.ids == slow.ids
+    assert fast.stats.early_finish == slow.early_finish
+    assert len(fast.trace.rounds) == len(slow.rounds)
+    for r, (pool, winner) in zip(fast.trace.rounds, slow.rounds):
         assert [(c.text, c.eos, c.proposers) for c in r.candidates] == [(c.text, c.eos, c.proposers) for c in pool]
         assert r.winner == winner
         for fc, rc in zip(r.candidates, pool):
@@ -42,3 +50,10 @@ def exercised(gen) -> tuple[int, int, int]:
         foreign += i < last and len(won.proposers) < len(contexts)
         cut_backs += sum(s.base < len(contexts[k]) for c in rnd.candidates for k, s in enumerate(c.scores))
     return len(gen.trace.rounds), foreign, cut_backs
+
+
+def decode_in_full(members, request: Request, cfg: AdaFuseConfig) -> Generation:
+    """AdaFuse with every round completed and scored, even one whose outcome is settled early."""
+    session = Session(members, request, reserve=positions_needed(cfg, request.max_new_tokens))
+    adafuse_decode(session, cfg, early_finish=False)
+    return session.finish()

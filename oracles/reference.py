@@ -11,6 +11,7 @@ import re
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -358,6 +359,12 @@ def align(m: RefModel, context: list[int], anchor: int, prefix_text: str, candid
     return base, new, skip
 
 
+def stopped(text: str, stop) -> str | None:
+    """`text` cut before the first stop string in it, or None if it holds none."""
+    hits = [text.find(s) for s in stop if s in text]
+    return text[: min(hits)] if hits else None
+
+
 class RefRun:
     """One example's shared-text state: each model's context, rendered prompt and anchor (the first
     token a cut-back may reach: the start of the last committed word), and the output text."""
@@ -391,20 +398,31 @@ class RefRun:
             self.prompt_lens[k] = min(self.prompt_lens[k], base)
             self.anchors[k] = last_word_start(m, self.contexts[k], self.prompt_texts[k] + self.text, self.anchors[k])
 
+    def outputs(self) -> list[list[int]]:
+        """Each model's ids after its prompt: the winners it committed."""
+        return [c[n:] for c, n in zip(self.contexts, self.prompt_lens)]
+
     def ended(self, eos: bool, stop, max_new_tokens: int):
         """(text, each model's output ids) if the run ends after the last commit, else None."""
-        outputs = [c[n:] for c, n in zip(self.contexts, self.prompt_lens)]
-        hits = [self.text.find(s) for s in stop if s in self.text]
-        if hits:
-            return self.text[: min(hits)], outputs
+        outputs = self.outputs()
+        cut = stopped(self.text, stop)
+        if cut is not None:
+            return cut, outputs
         if eos or any(len(o) >= max_new_tokens for o in outputs):
             return self.text, outputs
         return None
 
 
-def generate(members, request, cfg):
-    """Decode a `Request` (adafuse/session.py): (text, rounds, ids); each round is (candidates, winner
-    index); ids are each model's output ids."""
+class RefResult(NamedTuple):
+    text: str
+    rounds: list  # each round with a winner: (candidates, winner index)
+    ids: list[list[int]]  # each model's output ids
+    early_finish: bool  # it ended in a further round whose every candidate cuts G at the same stop
+
+
+def generate(members, request, cfg, early_finish: bool = True) -> RefResult:
+    """Decode a `Request` (adafuse/session.py). `early_finish`: end in a round that would end G at the
+    same stop whatever won (adafuse/decode.py `RoundEnd`), before scoring it, as the fast decoder does."""
     run, rounds = RefRun(members, request.prompt), []
     while True:
         pool: dict = {}
@@ -416,6 +434,10 @@ def generate(members, request, cfg):
                     cand.proposers.append(k)
                     cand.own[k] = [i for w in words for i in w.ids]
         pool = list(pool.values())
+        # every candidate would end G at the same stop (spec §5): whichever won, G ends there
+        cuts = {stopped(run.text + c.text, request.stop) for c in pool}
+        if early_finish and len(cuts) == 1 and None not in cuts:
+            return RefResult(cuts.pop(), rounds, run.outputs(), True)
         for cand in pool:
             run.score(cand)
             cand.fused = sum(s[3] for s in cand.scores) / len(run.models)
@@ -424,4 +446,4 @@ def generate(members, request, cfg):
         run.commit(pool[winner])
         end = run.ended(pool[winner].eos, request.stop, request.max_new_tokens)
         if end:
-            return end[0], rounds, end[1]
+            return RefResult(end[0], rounds, end[1], False)

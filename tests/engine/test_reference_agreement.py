@@ -35,6 +35,27 @@ PROMPTS = [
 ]
 
 
+ONE_SHOT = "Question: who wrote Hamlet?\nAnswer: William Shakespeare\n\nQuestion: Who painted the Mona Lisa?\nAnswer:"
+
+
+def test_early_finish_ends_as_the_full_round_would_and_as_the_reference_does(tiny):
+    """After " Leonardo da Vinci" every candidate of the round starts with a newline, the stop: the round
+    ends there, unscored, with the text and stop reason the full round gives (whichever candidate it
+    chose), the same rounds before it, and output ids that are the committed rounds' (so a prefix of the
+    full run's, which also committed the last winner's ids). Both ways agree with the reference."""
+    early = assert_adafuse_agrees(tiny.members, ONE_SHOT, ["\n"], 8, AdaFuseConfig())
+    full = assert_adafuse_agrees(tiny.members, ONE_SHOT, ["\n"], 8, AdaFuseConfig(), early_finish=False)
+    assert early.stats.early_finish and not full.stats.early_finish
+    assert (
+        (early.text, early.stats.stop_reason) == (full.text, full.stats.stop_reason) == (" Leonardo da Vinci", "stop")
+    )
+    assert rounds_of(early) == rounds_of(full)[:-1] and full.stats.rounds == early.stats.rounds + 1
+    assert early.stats.words_per_round == full.stats.words_per_round[:-1]
+    for early_ids, full_ids in zip(early.ids, full.ids):
+        assert full_ids[: len(early_ids)] == early_ids and len(full_ids) > len(early_ids)
+    assert all(e < f for e, f in zip(early.stats.forward_passes, full.stats.forward_passes))
+
+
 # The real pair reads three kinds (a stop string, umlauts, CJK) and, in the option checks below, the emoji;
 # the pair in shape reads every kind: its random text crosses scripts and characters at every step.
 ON_THE_REAL_PAIR = [PROMPTS[0], PROMPTS[3], PROMPTS[5]]

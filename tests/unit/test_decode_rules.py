@@ -10,7 +10,7 @@ from adafuse.decode import choose_winner, margin
 from adafuse.errors import ConfigError, UnknownNameError
 from adafuse.model import common_prefix
 from adafuse.registry import Registry
-from adafuse.stopping import cut_at_stop, stop_strings
+from adafuse.stopping import cut_at_stop, settled_cut, stop_strings
 
 
 def test_margin_is_top1_minus_top2_probability():
@@ -43,6 +43,28 @@ def test_ties_go_to_the_earliest_candidate():
 )
 def test_cut_at_stop(text, new, stop, expected):
     assert cut_at_stop(text, new, tuple(stop)) == expected
+
+
+@pytest.mark.parametrize(
+    "text, new, stop, final, expected",
+    [
+        (" Paris", "\nQ", ("\n",), False, " Paris"),  # whatever follows, G is cut at the newline
+        (" Paris", ",", ("\n",), False, None),  # no stop yet
+        (" Paris", ",", ("\n",), True, None),  # a complete candidate without a stop never settles
+        ("", "\n", ("\n\n",), False, None),  # a stop string begun, not complete
+        ("A\n", "\nB", ("\n\n",), True, "A"),  # a stop straddling G and the candidate
+        ("", "xY", ("XYZ", "Y"), False, "x"),  # "x" cannot start "XYZ": settled at "Y"
+        ("", "XY", ("XYZ", "Y"), False, None),  # a "Z" next would cut one character earlier
+        ("", "XY", ("XYZ", "Y"), True, "X"),  # complete: nothing comes next
+        ("", "XYW", ("XYZ", "Y"), False, "X"),  # "XYW" rules "XYZ" out
+        ("", " a\n\nQuestion:", ("\n", "\n\nQuestion:"), False, " a"),  # the earliest stop, both found
+    ],
+)
+def test_settled_cut_is_the_cut_no_continuation_can_change(text, new, stop, final, expected):
+    assert settled_cut(text, new, stop, final) == expected
+    if expected is not None:
+        for more in ["", "Z", "\n", "YZ"] if not final else [""]:
+            assert cut_at_stop(text, new + more, stop) == (expected, True)
 
 
 def test_one_stop_string_is_not_split_into_characters_and_an_empty_one_is_refused():
