@@ -53,6 +53,9 @@ def provenance(file: str, data: dict) -> str:
         facts.append(f"{data['threads']} thread" + ("" if data["threads"] == 1 else "s"))
     if "torch" in data:
         facts.append(f"torch {data['torch']}")
+    if "load_average" in data:
+        one, five, fifteen = data["load_average"]
+        facts.append(f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} (1 / 5 / 15 minutes) at the end")
     if data.get("quick"):
         facts.append("quick run (a quarter of the prompts)")
     return "Source: " + ", ".join(facts) + "."
@@ -197,6 +200,105 @@ def dtypes(data: dict) -> str:
     rows = [[f"`{m}`", f"{r['differ']}/{r['prompts']}"] for m, r in data["methods"].items()]
     notes = f"Budget {data['budget']} new tokens per prompt."
     return "\n\n".join([provenance("dtypes.json", data), table(header, rows), notes])
+
+
+@renderer("lm_eval", "lm_eval.json")
+def lm_eval(data: dict) -> str:
+    """The lm_eval model against the runner on the same prompts, each run in turn."""
+    run = data["lm_eval"]
+    header = ["decoder", "seconds per run", "total seconds"]
+    rows = [
+        [name, ", ".join(f"{s:.0f}" for s in seconds), f"{sum(seconds):.0f}"]
+        for name, seconds in (("`python run.py`", run["seconds"]["runner"]), ("`lm_eval`", run["seconds"]["lm_eval"]))
+    ]
+    notes = (
+        f"{run['prompts']} prompts, batch size {run['batch_size']}, {run['budget']} new tokens. lm_eval takes "
+        f"**{run['ratio_lm_eval_vs_runner']:.2f}×** the runner's time; identical texts: "
+        f"{run['identical_texts']}/{run['prompts']}."
+    )
+    return "\n\n".join([provenance("lm_eval.json", data), table(header, rows), notes])
+
+
+EXACT_RUNS = {
+    "exact_batch_8": "exact, batch 8",
+    "not_exact_batch_8": "not exact (`batch_exact=false`), batch 8",
+    "exact_batch_1": "exact, batch 1",
+}
+
+
+@renderer("exact", "exact_batching.json")
+def exact(data: dict) -> str:
+    """Exact batching against inexact batching and against no batching, on the same prompts."""
+    e = data["exact"]
+    header = [
+        "AdaFuse",
+        "examples per second",
+        "merged passes",
+        "rows per pass",
+        "peak memory",
+        "identical to exact b1",
+    ]
+    identical = {
+        "exact_batch_8": e["identical_exact_8_to_exact_1"],
+        "not_exact_batch_8": e["identical_not_exact_8_to_exact_1"],
+        "exact_batch_1": None,
+    }
+    rows = [
+        [
+            label,
+            f"{e['runs'][key]['examples_per_second']:.3f}",
+            e["runs"][key]["merged_passes"],
+            f"{e['runs'][key]['rows_per_pass']:.1f}",
+            f"+{e['runs'][key]['peak_memory_gb']:.2f} GB",
+            "(itself)" if identical[key] is None else f"{identical[key]}/{e['prompts']}",
+        ]
+        for key, label in EXACT_RUNS.items()
+    ]
+    notes = (
+        f"{e['prompts']} {e['task']} prompts, {e['budget']} new tokens. Exact batch 8 runs "
+        f"**{e['exact_8_over_exact_1']:.2f}×** exact batch 1 (goal ≥ 1.7×) and "
+        f"**{e['exact_8_over_not_exact_8']:.2f}×** not-exact batch 8 (goal ≥ 0.9×)."
+    )
+    return "\n\n".join([provenance("exact_batching.json", data), table(header, rows), notes])
+
+
+@renderer("singles-early-finish", "singles_early_finish.json")
+def singles_early_finish(data: dict) -> str:
+    """Section 1 with early finish: AdaFuse and the two members only."""
+    singles = data["singles"]
+    tasks = list(singles["per_task"])
+    header = ["", "all tasks", *tasks]
+    ratio = ["AdaFuse wall time ÷ summed greedy", f"**{singles['ratio_vs_sum_of_singles']:.2f}**"]
+    ratio += [f"{singles['per_task'][t]['ratio']:.2f}" for t in tasks]
+    prompts = ["prompts (new tokens)", singles["prompts"]]
+    prompts += [f"{singles['per_task'][t]['prompts']} ({singles['per_task'][t]['budget']})" for t in tasks]
+    totals = singles["totals"]["adafuse"]
+    passes = singles["methods_vs_sum_of_singles"]["adafuse"]["forward_passes_per_generated_token"]
+    notes = (
+        f"AdaFuse's passes per generated token ÷ summed greedy: {passes:.2f}; rounds with a winner: "
+        f"{totals['rounds']}; examples that ended in an unscored round: {totals['early_finish']}."
+    )
+    return "\n\n".join([provenance("singles_early_finish.json", data), table(header, [ratio, prompts]), notes])
+
+
+@renderer("report", "report.json")
+def report(data: dict) -> str:
+    """A full NQ run's report with and without traces: size, build time, and time to open in Chromium."""
+    header = ["report", "size", "build (s)", "load in Chromium (s)", "open one example's rounds (s)"]
+    rows = [
+        [
+            kind,
+            f"{data[kind]['bytes'] / 1e6:.1f} MB",
+            f"{data[kind]['build_seconds']:.1f}",
+            f"{data[kind]['load_seconds']:.2f}",
+            f"{data[kind]['expand_seconds']:.2f}",
+        ]
+        for kind in ("with traces", "without traces")
+    ]
+    facts = f"Source: `results/bench/report.json`, {data['examples']:,} examples, headless Chromium"
+    if "load_average" in data:
+        facts += ", load average " + " / ".join(f"{x:.1f}" for x in data["load_average"])
+    return facts + ".\n\n" + table(header, rows)
 
 
 def unrendered(bench_dir: Path) -> str:
