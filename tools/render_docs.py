@@ -1,12 +1,12 @@
-"""Render the measurements in results/bench/*.json into the tables of docs/speed.md.
+"""Render the measurements in results/bench/*.json into the tables of docs/*.md (most in docs/speed.md).
 
     python -m tools.render_docs            # rewrite every table between its markers
     python -m tools.render_docs --check    # exit 1 if a table is out of date (the docs check runs this)
 
-A table lives between `<!-- bench:NAME -->` and `<!-- /bench -->`; NAME is a renderer registered below
-with `@renderer(NAME, FILE)`, which receives FILE's parsed JSON and returns Markdown. A bench section
-that arrives with a new JSON file needs one such function and one marker pair in the page. The block
-`<!-- bench:unrendered -->` lists the JSON files that no renderer reads, so none goes unseen.
+A table lives, on any page of docs/, between `<!-- bench:NAME -->` and `<!-- /bench -->`; NAME is a
+renderer registered below with `@renderer(NAME, FILE)`, which receives FILE's parsed JSON and returns
+Markdown. A bench section that arrives with a new JSON file needs one such function and one marker pair
+in a page. The block `<!-- bench:unrendered -->` lists the JSON files that no renderer reads, so none goes unseen.
 """
 
 import argparse
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "results" / "bench"
-PAGE = ROOT / "docs" / "speed.md"
+DOCS_DIR = ROOT / "docs"
 UNRENDERED = "unrendered"
 BLOCK = re.compile(r"(<!-- bench:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /bench -->)", re.DOTALL)
 
@@ -305,8 +305,13 @@ def unrendered(bench_dir: Path) -> str:
     read = {file for file, _ in RENDERERS.values()}
     left = sorted(p.name for p in bench_dir.glob("*.json") if p.name not in read)
     if not left:
-        return "Every file in `results/bench/` is rendered above."
+        return "Every file in `results/bench/` is rendered on a page of docs/."
     return "No table renders these yet:\n\n" + "\n".join(f"- `results/bench/{name}`" for name in left)
+
+
+def pages(docs_dir: Path = DOCS_DIR) -> list[Path]:
+    """The documentation pages that hold at least one bench block."""
+    return [path for path in sorted(docs_dir.glob("*.md")) if BLOCK.search(path.read_text())]
 
 
 def render(page: str, bench_dir: Path = BENCH_DIR) -> str:
@@ -331,19 +336,23 @@ def render(page: str, bench_dir: Path = BENCH_DIR) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 if docs/speed.md's tables are out of date")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a page's tables are out of date")
     args = parser.parse_args(argv)
-    page = PAGE.read_text()
-    rendered = render(page)
-    if args.check:
-        if rendered != page:
-            print(f"{PAGE} is out of date: run python -m tools.render_docs")
-            return 1
-        print(f"{PAGE} is up to date")
-        return 0
-    PAGE.write_text(rendered)
-    print(f"rendered {len(BLOCK.findall(page))} tables into {PAGE}")
-    return 0
+    stale = []
+    for path in pages():
+        page = path.read_text()
+        rendered = render(page)
+        if rendered == page:
+            continue
+        if args.check:
+            stale.append(path)
+            print(f"{path} is out of date: run python -m tools.render_docs")
+        else:
+            path.write_text(rendered)
+            print(f"rendered {len(BLOCK.findall(page))} tables into {path}")
+    if args.check and not stale:
+        print("every page's tables are up to date")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":
