@@ -66,7 +66,7 @@ def test_a_merged_pass_computes_every_request_as_alone_bit_for_bit(pair):
 
 def _copy(cache):
     """A cache of its own over the same tensors (a forward pass replaces its layers' tensors)."""
-    from adafuse.model import _derive
+    from adafuse.cache import _derive
 
     return _derive(cache, lambda t: t)
 
