@@ -20,23 +20,27 @@ The whole story, in the order it happens:
    examples.
 
 4. Passes. The main thread (`decode_many`) waits until every running worker is waiting or some
-   example has finished. When all wait, `Scheduler.run_waiting` runs every waiting request: the
-   prompts one after another, each from the longest prefix that any slot or a stored prompt holds
-   (`PromptStore`: examples that start together read their task's few-shot prefix once), then one
-   merged forward pass per weights (`forward_together`). Requests are taken in slot order, so which
-   rows meet in a pass and where each row sits, and hence every float, never depend on which
-   thread woke first (a GPU picks its kernels by shape).
+   example has finished. When all wait, `Scheduler.run_waiting` plans the passes and then runs them,
+   as vLLM's scheduler hands a schedule to its executor. `plan_passes` is plain data in, plain data
+   out (`RequestShape`s in, `PassPlan`s out): the prompts first, each a pass of its own, then one
+   merged forward pass per weights, split into chunks where memory requires. `Scheduler.run_pass`
+   runs one planned pass: a prompt from the longest prefix that any slot or a stored prompt holds
+   (adafuse/cache.py `PromptStore`: examples that start together read their task's few-shot prefix
+   once), a request alone, or a merged pass (adafuse/merged_pass.py `forward_together`). Requests
+   are taken in slot order, so which rows meet in a pass and where each row sits, and hence every
+   float, never depend on which thread woke first (a GPU picks its kernels by shape).
 
-5. The merged pass. Caches are left-padded to the longest and inputs right-padded; an attention
-   mask hides the padding and position ids are each row's own, so every row sees exactly its own
-   context (left padding shifts a row's keys and queries alike, so a sliding window keeps its
+5. The merged pass (adafuse/merged_pass.py). Caches are left-padded to the longest and inputs
+   right-padded; an attention mask hides the padding and position ids are each row's own, so every
+   row sees exactly its own context (left padding shifts a row's keys and queries alike, so a sliding window keeps its
    extent). The merged cache is a buffer with room to grow (`ReservedLayer`) that a pass writes in
    place. Greedy steps of the same examples (`single`, UniTE, DeePEn: one committed row each,
    reading as many tokens as the others) keep views of their rows, and the next pass over exactly
    those caches reads the buffer as it is (`Resident`); forks (branches, candidates, spans) copy
    their rows out, since a fork waits for a commit and a view would keep every example's rows
-   alive that long. A pass whose padded copies and logits would not fit the memory budget is
-   split; one that cannot fit even alone is `BatchMemoryError`.
+   alive that long. The planner splits a pass whose padded copies and logits would not fit the
+   memory budget (`pass_bytes`); one that cannot fit even alone is `BatchMemoryError`, raised while
+   planning, before any pass of that round runs.
 
 6. Endings. An exception in a worker, or a caller that stops iterating, ends the run: the scheduler
    is closed, every waiting request and every later one fails with `Cancelled`, and every worker
@@ -51,11 +55,9 @@ from dataclasses import asdict, dataclass, field
 
 import psutil
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from adafuse.errors import BatchMemoryError
-from adafuse.invariance import Span, split_attention, split_pass
+from adafuse.merged_pass import Resident, can_merge_exactly, forward_together
 from adafuse.model import Member
 
 log = logging.getLogger(__name__)
@@ -65,152 +67,6 @@ DEFAULT_BATCH_SIZE = 8  # examples in flight; the runner's and the Python API's 
 
 class Cancelled(RuntimeError):
     """The run ended (another example failed, or the caller stopped) before this request ran."""
-
-
-class ReservedLayer(DynamicLayer):
-    """A merged pass's cache layer: a buffer with room to grow, into which new tokens are written in place.
-
-    `DynamicLayer.update` concatenates, which copies the whole layer at every pass; this writes only
-    the new positions. `keys` and `values` are views of the filled positions. Positions before a
-    row's own context must be zeros (left padding, written by `_merge`): masked keys get no weight,
-    and zero values keep 0 * value finite. The room after the filled positions is never read before
-    a pass writes it, so it is left unset (zeroing it cost as much as the copies).
-    """
-
-    def __init__(self, like: torch.Tensor, rows: int, room: int):
-        super().__init__()
-        self.lazy_initialization(like, like)
-        shape = (rows, like.shape[1], room, like.shape[3])
-        self.key_buffer, self.value_buffer = like.new_empty(shape), like.new_empty(shape)
-        self.length = 0
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        end = self.length + key_states.shape[2]
-        if end > self.key_buffer.shape[2]:
-            more = (0, 0, 0, end + max(64, end // 4) - self.length)
-            self.key_buffer = torch.nn.functional.pad(self.key_buffer[:, :, : self.length], more)
-            self.value_buffer = torch.nn.functional.pad(self.value_buffer[:, :, : self.length], more)
-        self.key_buffer[:, :, self.length : end] = key_states
-        self.value_buffer[:, :, self.length : end] = value_states
-        self.fill(end)
-        return self.keys, self.values
-
-    def fill(self, length: int) -> None:
-        self.length = length
-        self.keys, self.values = self.key_buffer[:, :, :length], self.value_buffer[:, :, :length]
-
-
-@dataclass
-class Resident:
-    """The padded cache of a merged pass that may serve the next pass as it is.
-
-    Kept when every request was one model's committed context, one row, and read as many tokens as
-    the others (a greedy step of each example in flight): each request's cache is then a view of its
-    row, and the next pass over exactly these caches, unmoved, finds them laid out as a fresh merge
-    would lay them out. Forks are never kept this way: their rows wait for a commit, and a view
-    would keep the whole buffer, every example's rows, alive for as long as the longest wait.
-    """
-
-    caches: list[DynamicCache]
-    merged: DynamicCache
-    views: list[torch.Tensor]  # each cache's first-layer keys as handed back
-
-    def holds(self, caches: list[DynamicCache]) -> bool:
-        return len(caches) == len(self.caches) and all(
-            c is mine and c.layers[0].keys is view for c, mine, view in zip(caches, self.caches, self.views)
-        )
-
-
-@torch.inference_mode()
-def forward_together(
-    member: Member,
-    caches: list[DynamicCache],
-    inputs: list[torch.Tensor],
-    resident: Resident | None = None,
-    may_stay: bool = False,
-    exact: bool = True,
-) -> tuple[list[torch.Tensor], Resident | None]:
-    """One forward pass over the rows of several requests to the same weights: the logits of each, and
-    the pass's cache where it may stay resident for the next pass (`may_stay`: every request is a
-    model's committed context; see `Resident`).
-
-    Request j has a cache of length L_j (rows b_j) and inputs (b_j, n_j). Caches are left-padded to
-    the longest, inputs right-padded; the attention mask hides the padding and the position ids are
-    each row's own (L_j, L_j + 1, ...), so every row sees exactly its own context. Left padding shifts
-    a row's keys and queries alike, so a sliding window (Gemma 3) keeps its true extent. Afterwards
-    each request's cache holds its own rows and new tokens, as if it had been read alone.
-
-    `exact`: every request's numbers are bitwise those of its pass alone (adafuse/invariance.py:
-    attention per request; the linear layers multiply all rows at once, in row tiles that make each
-    row's bits independent of the others, alone and merged alike); a model whose attention cannot be
-    split is refused (`can_merge_exactly`).
-    Otherwise the merged mask stands for the padding, and results equal the alone pass's up to
-    rounding.
-    """
-    lengths = [c.get_seq_length() for c in caches]
-    longest, width = max(lengths), max(x.shape[1] for x in inputs)
-    device = member.device
-    ids = torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1]), value=int(x[0, -1])) for x in inputs])
-    mask = torch.zeros(ids.shape[0], longest + width, dtype=torch.long, device=device)
-    positions = torch.empty(ids.shape[0], width, dtype=torch.long, device=device)
-    row = 0
-    for length, x in zip(lengths, inputs):
-        mask[row : row + x.shape[0], longest - length : longest + x.shape[1]] = 1
-        positions[row : row + x.shape[0]] = torch.arange(length, length + width, device=device)
-        row += x.shape[0]
-
-    merged = resident.merged if resident is not None and resident.holds(caches) else _merge(caches, longest, width)
-    kwargs = {"input_ids": ids, "position_ids": positions, "use_cache": True, member.cache_arg: merged}
-    if exact:
-        if not can_merge_exactly(member.model):  # idempotent: it prepares a model on its first merged pass
-            raise ValueError(f"model {member.name!r}: its attention cannot be split per request; run its passes alone")
-        spans, row = [], 0
-        for length, x in zip(lengths, inputs):
-            spans.append(Span(slice(row, row + x.shape[0]), length, x.shape[1]))
-            row += x.shape[0]
-        with split_pass(spans, longest):
-            out = member.model(**kwargs)  # each request's own masks replace the merged one
-    else:
-        out = member.model(attention_mask=mask, **kwargs)
-    stays = may_stay and all(x.shape == (1, width) for x in inputs)
-    logits, results, row = out.logits.float(), [], 0
-    for cache, length, x in zip(caches, lengths, inputs):
-        rows, span = slice(row, row + x.shape[0]), slice(longest - length, longest + x.shape[1])
-        for own, new in zip(cache.layers, merged.layers):
-            own.keys, own.values = new.keys[rows, :, span], new.values[rows, :, span]
-            if not stays:
-                # Copies: a view would keep the whole padded merged cache alive for as long as any one
-                # request keeps its cache (a scored candidate waits for the commit), and on GSM8K with
-                # 8 examples in flight those merged caches reached 11 GB.
-                own.keys, own.values = own.keys.clone(), own.values.clone()
-        results.append(logits[rows, : x.shape[1]])
-        row += x.shape[0]
-    return results, Resident(list(caches), merged, [c.layers[0].keys for c in caches]) if stays else None
-
-
-def can_merge_exactly(model) -> bool:
-    """Prepare a model for exact merged passes (adafuse/invariance.py); False if it cannot be. Its linear
-    layers need nothing: every member's multiply in row tiles in every pass (`tile_linear_layers`)."""
-    return split_attention(model)
-
-
-def _merge(caches: list[DynamicCache], longest: int, width: int) -> DynamicCache:
-    """The caches left-padded to `longest` and stacked, with room for this pass and some steps after it."""
-    merged = DynamicCache()
-    for layer in range(len(caches[0].layers)):
-        own = [c.layers[layer] for c in caches]
-        rows = sum(o.keys.shape[0] for o in own)
-        stacked = ReservedLayer(own[0].keys, rows, longest + width + 64)
-        row = 0
-        for o in own:
-            n, length = o.keys.shape[0], o.keys.shape[2]
-            for buffer, own_tensor in ((stacked.key_buffer, o.keys), (stacked.value_buffer, o.values)):
-                buffer[row : row + n, :, : longest - length] = 0
-                buffer[row : row + n, :, longest - length : longest] = own_tensor
-            row += n
-        stacked.fill(longest)
-        merged.layers.append(stacked)
-    return merged
 
 
 @dataclass(frozen=True)
@@ -232,6 +88,31 @@ class PassCounts:
     passes: int = 0
     merged_passes: int = 0  # passes that carried the requests of more than one example
     rows: int = 0  # rows over all passes
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """What the planner reads of a waiting request (plain data: `plan_passes` needs no model)."""
+
+    slot: int
+    model: str  # the member's name
+    weights: int  # which weights it runs on: only requests to the same weights share a pass
+    prompt: bool  # a prompt to read (`Member.read_prompt`): always a pass of its own
+    mergeable: bool  # the request itself may share a pass (see `PassRequest.mergeable`)
+    rows: int
+    cached: int  # tokens in its cache
+    width: int  # tokens it reads
+    kv_bytes_per_token: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """One forward pass to run: "prompt" (one prompt read), "alone" (one request's pass) or "merged"
+    (several requests' rows in one pass), and its requests' slots in row order."""
+
+    kind: str
+    slots: tuple[int, ...]
 
 
 @dataclass
@@ -256,6 +137,22 @@ class PassRequest:
         # Several ids read for their last logits alone stay alone: merged with others they would need
         # the logits of every position (gigabytes with a 262k vocabulary). An empty cache has no layers to pad.
         return not (self.last_only and self.input_ids.shape[1] > 1) and self.cache.get_seq_length() > 0
+
+    @property
+    def shape(self) -> RequestShape:
+        member, prompt = self.member, self.prompt is not None
+        return RequestShape(
+            slot=self.slot,
+            model=member.name,
+            weights=id(member.model),
+            prompt=prompt,
+            mergeable=not prompt and self.mergeable,
+            rows=1 if prompt else self.input_ids.shape[0],
+            cached=0 if prompt else self.cache.get_seq_length(),
+            width=len(self.prompt) if prompt else self.input_ids.shape[1],
+            kv_bytes_per_token=member.kv_bytes_per_token(),
+            vocab_size=member.vocab_size,
+        )
 
 
 class Scheduler:
@@ -333,34 +230,32 @@ class Scheduler:
             r.done.set()
 
     def run_waiting(self) -> None:
-        """Run every waiting request: the prompts one by one, each reusing what the ones before it read
-        (examples that start together share their few-shot prefix); the rest in one merged pass per
-        weights, split where memory requires. Everything in slot order."""
+        """Plan every waiting request's pass (`plan_passes`), then run the passes in plan order."""
         requests, self.waiting = sorted(self.waiting, key=lambda r: r.slot), []
+        by_slot = {r.slot: r for r in requests}
         try:
-            for r in requests:
-                if r.prompt is not None:
-                    self._run([r])
-            groups: dict[tuple[int, bool], list[PassRequest]] = {}
-            for r in requests:
-                if r.prompt is None:
-                    groups.setdefault((id(r.member.model), r.mergeable and self._merges(r.member)), []).append(r)
-            for (_, mergeable), group in groups.items():
-                chunks = self._chunks(group) if mergeable else [[r] for r in group]
-                for chunk in chunks:
-                    self._run(chunk)
-        finally:  # a pass that could not even be planned (BatchMemoryError) leaves no worker waiting
+            if len(by_slot) != len(requests):
+                raise AssertionError(f"two waiting requests share a slot: {[r.slot for r in requests]}")
+            plans = plan_passes(
+                [r.shape for r in requests], lambda shape: self._merges(by_slot[shape.slot].member), self.memory_budget
+            )
+            for plan in plans:
+                self.run_pass(plan, [by_slot[slot] for slot in plan.slots])
+        finally:  # a round that could not be planned (BatchMemoryError) leaves no worker waiting
             for r in requests:
                 if not r.done.is_set():
                     r.error = Cancelled("the batched run has ended")
                     r.done.set()
 
-    def _run(self, chunk: list[PassRequest]) -> None:
+    def run_pass(self, plan: PassPlan, chunk: list[PassRequest]) -> None:
+        """Run one planned pass over its requests (in the plan's slot order), hand each its logits or
+        the error, and count the pass."""
         try:
-            r = chunk[0]
-            if r.prompt is not None:
+            if plan.kind == "prompt":
+                (r,) = chunk
                 results = [r.member.read_prompt(r.prompt)]
-            elif len(chunk) == 1:
+            elif plan.kind == "alone":
+                (r,) = chunk
                 results = [r.member.forward_alone(r.cache, r.input_ids, r.last_only)]
             else:
                 results = self._merged(chunk)
@@ -393,30 +288,54 @@ class Scheduler:
             self.resident[id(member.model)] = stays
         return results
 
-    def _chunks(self, group: list[PassRequest]) -> list[list[PassRequest]]:
-        """Split a group so that one merged pass (padded cache copies + logits) fits the memory budget;
-        each chunk keeps slot order."""
-        chunks, current = [], []
-        for r in group:
-            if current and pass_bytes(current + [r]) > self.memory_budget:
-                chunks.append(current)
-                current = []
-            if pass_bytes([r]) > self.memory_budget:
-                raise BatchMemoryError(
-                    f"model {r.member.name!r}: one example's forward pass needs about {pass_bytes([r]) >> 20} MiB, "
-                    f"more than the {self.memory_budget >> 20} MiB available"
-                )
-            current.append(r)
-        return chunks + [current]
+
+def plan_passes(
+    requests: list[RequestShape], merges: Callable[[RequestShape], bool], memory_budget: int
+) -> list[PassPlan]:
+    """The passes that run a round's waiting requests, in the order to run them; everything in slot order.
+
+    The prompts come first, one pass each, so that each reads from what the ones before it read
+    (examples that start together share their few-shot prefix). The rest are grouped by weights and
+    by whether they may share a pass (a request that may, on weights that `merges`: asked once per
+    such request, in slot order); a group that merges is cut into chunks whose pass fits
+    `memory_budget` (`pass_bytes`), any other runs one request per pass.
+    """
+    ordered = sorted(requests, key=lambda r: r.slot)
+    plans = [PassPlan("prompt", (r.slot,)) for r in ordered if r.prompt]
+    groups: dict[tuple[int, bool], list[RequestShape]] = {}
+    for r in ordered:
+        if not r.prompt:
+            groups.setdefault((r.weights, r.mergeable and merges(r)), []).append(r)
+    for (_, mergeable), group in groups.items():
+        chunks = memory_chunks(group, memory_budget) if mergeable else [[r] for r in group]
+        plans += [PassPlan("merged" if len(chunk) > 1 else "alone", tuple(r.slot for r in chunk)) for chunk in chunks]
+    return plans
 
 
-def pass_bytes(requests: list[PassRequest]) -> int:
+def memory_chunks(group: list[RequestShape], memory_budget: int) -> list[list[RequestShape]]:
+    """Split a group so that one merged pass (padded cache copies + logits) fits `memory_budget`;
+    each chunk keeps the group's order. Raises `BatchMemoryError` for a request that cannot fit alone."""
+    chunks, current = [], []
+    for r in group:
+        if current and pass_bytes(current + [r]) > memory_budget:
+            chunks.append(current)
+            current = []
+        if pass_bytes([r]) > memory_budget:
+            raise BatchMemoryError(
+                f"model {r.model!r}: one example's forward pass needs about {pass_bytes([r]) >> 20} MiB, "
+                f"more than the {memory_budget >> 20} MiB available"
+            )
+        current.append(r)
+    return chunks + [current]
+
+
+def pass_bytes(requests: list[RequestShape]) -> int:
     """About the memory a merged pass takes: the padded cache, the copies its requests take back, and the logits."""
-    member = requests[0].member
-    rows = sum(r.input_ids.shape[0] for r in requests)
-    longest = max(r.cache.get_seq_length() for r in requests)
-    width = max(r.input_ids.shape[1] for r in requests)
-    return rows * (2 * (longest + width) * member.kv_bytes_per_token() + width * member.vocab_size * 8)
+    rows = sum(r.rows for r in requests)
+    longest = max(r.cached for r in requests)
+    width = max(r.width for r in requests)
+    first = requests[0]
+    return rows * (2 * (longest + width) * first.kv_bytes_per_token + width * first.vocab_size * 8)
 
 
 def available_memory() -> int:

@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from adafuse.cache import Rows
 from adafuse.config import AdaFuseConfig
 from adafuse.errors import NumericsError
 from adafuse.methods import Method
-from adafuse.model import Member, Rows
+from adafuse.model import Member
 from adafuse.session import Session
 from adafuse.stopping import settled_cut
 from adafuse.trace import CandidateTrace, ModelRound, RoundTrace, Score

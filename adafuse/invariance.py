@@ -1,7 +1,7 @@
 """Batch-invariant merged passes: every request of a merged forward pass computed exactly as it would
 be alone, so that batch_size never changes an output (README: Batching, "exact").
 
-A merged pass (adafuse/batching.py `forward_together`) stacks requests with caches of different
+A merged pass (adafuse/merged_pass.py `forward_together`) stacks requests with caches of different
 lengths (left padding) and inputs of different widths (right padding). Two things made a row's
 numbers depend on its batch (measured on this project's CPU; the GPU is discussed in the README):
 

@@ -83,9 +83,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from adafuse.cache import Rows, common_prefix
 from adafuse.errors import ConfigError
 from adafuse.methods import Method
-from adafuse.model import Member, Rows, common_prefix
+from adafuse.model import Member
 from adafuse.session import Session
 from baselines.authors_rules import appended_text, loop_pred
 

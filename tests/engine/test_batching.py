@@ -13,13 +13,14 @@ import pytest
 import torch
 
 from adafuse import Ensemble, Request, SingleConfig
-from adafuse.batching import Scheduler, decode_many, forward_together
+from adafuse.batching import Scheduler, decode_many
+from adafuse.cache import PromptStore
 from adafuse.config import ModelConfig
 from adafuse.ensemble import resolve_method
 from adafuse.errors import BatchMemoryError
 from adafuse.invariance import PREFIX
+from adafuse.merged_pass import forward_together
 from adafuse.methods import METHODS
-from adafuse.model import PromptStore
 from tools.paper_pair import NAMES
 from tools.testing import clone
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from adafuse import AdaFuseConfig
-from adafuse.model import common_prefix
+from adafuse.cache import common_prefix
 from oracles import reference
 from tools.testing import WINDOW, clone, decode
 

@@ -9,9 +9,10 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from adafuse import Ensemble, Request, SingleConfig
-from adafuse.batching import Scheduler, can_merge_exactly, decode_many, forward_together
+from adafuse.batching import Scheduler, decode_many
 from adafuse.config import ModelConfig
 from adafuse.invariance import _ONE_CALL, _kernel_key, tile_rows, tiled_linear
+from adafuse.merged_pass import can_merge_exactly, forward_together
 from adafuse.methods import METHODS
 from oracles.greedy import hf_greedy
 from tools.paper_pair import NAMES
@@ -66,7 +67,7 @@ def test_a_merged_pass_computes_every_request_as_alone_bit_for_bit(pair):
 
 def _copy(cache):
     """A cache of its own over the same tensors (a forward pass replaces its layers' tensors)."""
-    from adafuse.model import _derive
+    from adafuse.cache import _derive
 
     return _derive(cache, lambda t: t)
 

@@ -10,7 +10,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from adafuse.model import common_prefix
+from adafuse.cache import common_prefix
 from tools import make_paper_pair
 from tools.paper_pair import NAMES
 

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
+from adafuse.cache import common_prefix
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
 from adafuse.decode import choose_winner, margin
 from adafuse.errors import ConfigError, UnknownNameError
-from adafuse.model import common_prefix
 from adafuse.registry import Registry
 from adafuse.stopping import cut_at_stop, settled_cut, stop_strings
 

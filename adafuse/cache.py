@@ -1,0 +1,136 @@
+"""KV-cache mechanics under the member (adafuse/model.py): caches derived as views, the prompts a
+member's clones share, and forks of the committed context read as one batch (`Rows`).
+"""
+
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+if TYPE_CHECKING:  # a fork reads through its member; the member module imports this one
+    from adafuse.model import Member
+
+
+def _derive(cache: DynamicCache, view) -> DynamicCache:
+    """A new cache whose every key and value tensor, shape (batch, heads, length, head_dim), is `view(tensor)`.
+
+    Views (slices, expand) copy nothing; the next forward pass concatenates onto them anyway.
+
+    All layers are full-length `DynamicLayer`s, also for sliding-window models (Gemma 3): the model
+    still applies its window through the attention mask, and a full layer can be cropped anywhere,
+    which rolling back a rejected word needs (a sliding layer refuses once the window is full).
+    """
+    derived = DynamicCache()
+    for source in cache.layers:
+        layer = DynamicLayer()
+        keys, values = view(source.keys), view(source.values)
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+        derived.layers.append(layer)
+    return derived
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two id lists (list slices compare in C; bisect on a miss)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class PromptStore:
+    """The KV of the last prompts that a member's clones read, shared by the clones: an example that
+    starts in one slot of a batch reuses the longest prefix any slot has read (a task's few-shot
+    prefix is read once, not once per slot). Four prompts: examples of two or three tasks in flight
+    at once (a mixed queue, as the benchmark's) each keep their task's prefix."""
+
+    def __init__(self, size: int = 4):
+        self.entries: list[tuple[list[int], DynamicCache]] = []
+        self.size = size
+
+    def longest_prefix(self, ids: list[int], own_ids: list[int], own_cache) -> tuple[int, DynamicCache | None]:
+        """(length, cache) of the longest prefix of `ids` held by the context `own_ids` or a stored prompt."""
+        best = (common_prefix(own_ids, ids), own_cache)
+        for stored_ids, cache in self.entries:
+            best = max(best, (common_prefix(stored_ids, ids), cache), key=lambda b: b[0])
+        return best
+
+    def add(self, ids: list[int], cache: DynamicCache) -> None:
+        # A cache object of its own, as a forward pass replaces its layers' tensors. Their filled
+        # positions are never written again, so sharing them is safe; a view into a merged pass's
+        # buffer is copied so that a stored prompt does not keep every other row of the buffer alive.
+        self.entries = [(ids, _derive(cache, lambda t: t.clone() if t._base is not None else t))] + self.entries
+        del self.entries[self.size :]
+
+
+class Rows:
+    """A batch of continuations of one shared prefix, read together.
+
+    Row i's context is `prefix + tokens[i]`. Rows are right-padded, so a row that stopped early
+    (a finished word, a short candidate) keeps padding after its real tokens; causal attention never
+    lets a real token see padding, and `cache_of_row` crops it away.
+    """
+
+    def __init__(self, member: "Member", prefix: list[int], cache: DynamicCache, n: int):
+        self.member = member
+        self.prefix = prefix
+        self.cache = cache
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+        self.last: list[torch.Tensor | None] = [member.logprobs if len(prefix) == len(member.ids) else None] * n
+        self.width = 0  # positions read after the prefix, padding included
+
+    def extend(self, new: list[list[int]]) -> torch.Tensor:
+        """Read `new[i]` after row i; returns log-probabilities (rows, longest, vocab) at each new position.
+
+        A row that gets tokens must not have stopped early before (it would read after its padding).
+        """
+        longest = max(len(t) for t in new)
+        for i, t in enumerate(new):
+            if t and len(self.tokens[i]) != self.width:
+                raise AssertionError(f"row {i} stopped early and cannot be extended")
+        pad = [t + [t[-1] if t else 0] * (longest - len(t)) for t in new]
+        logits = self.member._forward(self.cache, torch.tensor(pad, device=self.member.device))
+        logprobs = self.member._log_softmax(logits)
+        for i, t in enumerate(new):
+            if t:
+                self.tokens[i] = self.tokens[i] + t
+                self.last[i] = logprobs[i, len(t) - 1]
+        self.width += longest
+        return logprobs
+
+    def select(self, rows: list[int]) -> "Rows":
+        """New rows that copy the given rows, in that order (beam search); this object stays as it was."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.member.device)  # may be empty
+        chosen = Rows(self.member, self.prefix, _derive(self.cache, lambda t: t[index]), 0)
+        chosen.tokens = [self.tokens[r] for r in rows]
+        chosen.last = [self.last[r] for r in rows]
+        chosen.width = self.width
+        return chosen
+
+    def fork(self, row: int, n: int) -> "Rows":
+        """n new rows that continue row `row` (its real tokens, not its padding)."""
+        end = len(self.prefix) + len(self.tokens[row])
+        view = _derive(self.cache, lambda t: t[row : row + 1, :, :end].expand(n, -1, -1, -1))
+        child = Rows(self.member, self.prefix + self.tokens[row], view, n)
+        child.last = [self.last[row]] * n
+        return child
+
+    def truncate(self, row: int, length: int, last: torch.Tensor) -> None:
+        """Row `row` keeps its first `length` tokens after the prefix; `last` is the distribution after them.
+
+        The row has stopped early: it can be committed, not extended.
+        """
+        self.tokens[row] = self.tokens[row][:length]
+        self.last[row] = last
+
+    def cache_of_row(self, row: int) -> DynamicCache:
+        end = len(self.prefix) + len(self.tokens[row])
+        return _derive(self.cache, lambda t: t[row : row + 1, :, :end])
