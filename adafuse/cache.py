@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # a fork reads through its member; the member module imports 
     from adafuse.model import Member
 
 
-def _derive(cache: DynamicCache, view) -> DynamicCache:
+def derive_cache(cache: DynamicCache, view) -> DynamicCache:
     """A new cache whose every key and value tensor, shape (batch, heads, length, head_dim), is `view(tensor)`.
 
     Views (slices, expand) copy nothing; the next forward pass concatenates onto them anyway.
@@ -67,7 +67,7 @@ class PromptStore:
         # A cache object of its own, as a forward pass replaces its layers' tensors. Their filled
         # positions are never written again, so sharing them is safe; a view into a merged pass's
         # buffer is copied so that a stored prompt does not keep every other row of the buffer alive.
-        self.entries = [(ids, _derive(cache, lambda t: t.clone() if t._base is not None else t))] + self.entries
+        self.entries = [(ids, derive_cache(cache, lambda t: t.clone() if t._base is not None else t))] + self.entries
         del self.entries[self.size :]
 
 
@@ -109,7 +109,7 @@ class Rows:
     def select(self, rows: list[int]) -> "Rows":
         """New rows that copy the given rows, in that order (beam search); this object stays as it was."""
         index = torch.tensor(rows, dtype=torch.long, device=self.member.device)  # may be empty
-        chosen = Rows(self.member, self.prefix, _derive(self.cache, lambda t: t[index]), 0)
+        chosen = Rows(self.member, self.prefix, derive_cache(self.cache, lambda t: t[index]), 0)
         chosen.tokens = [self.tokens[r] for r in rows]
         chosen.last = [self.last[r] for r in rows]
         chosen.width = self.width
@@ -118,7 +118,7 @@ class Rows:
     def fork(self, row: int, n: int) -> "Rows":
         """n new rows that continue row `row` (its real tokens, not its padding)."""
         end = len(self.prefix) + len(self.tokens[row])
-        view = _derive(self.cache, lambda t: t[row : row + 1, :, :end].expand(n, -1, -1, -1))
+        view = derive_cache(self.cache, lambda t: t[row : row + 1, :, :end].expand(n, -1, -1, -1))
         child = Rows(self.member, self.prefix + self.tokens[row], view, n)
         child.last = [self.last[row]] * n
         return child
@@ -133,4 +133,4 @@ class Rows:
 
     def cache_of_row(self, row: int) -> DynamicCache:
         end = len(self.prefix) + len(self.tokens[row])
-        return _derive(self.cache, lambda t: t[row : row + 1, :, :end])
+        return derive_cache(self.cache, lambda t: t[row : row + 1, :, :end])

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from adafuse.cache import PromptStore, Rows, _derive, common_prefix
+from adafuse.cache import PromptStore, Rows, common_prefix, derive_cache
 from adafuse.errors import ConfigError, ContextLengthError, DataError
 from adafuse.invariance import tile_linear_layers
 from adafuse.projection import block_output_projection
@@ -258,7 +258,7 @@ class Member:
         """
         keep, source = self.prompts.longest_prefix(ids, self.ids, self.cache)
         keep = min(keep, len(ids) - 1)  # re-read >= 1 token for its logits
-        self.cache = DynamicCache() if keep == 0 else _derive(source, lambda t: t[:, :, :keep])
+        self.cache = DynamicCache() if keep == 0 else derive_cache(source, lambda t: t[:, :, :keep])
         self.forward_passes += 1
         self.tokens_fed += len(ids) - keep
         logits = self.forward_alone(self.cache, torch.tensor([ids[keep:]], device=self.device), last_only=True)
@@ -357,7 +357,7 @@ class Member:
     def fork(self, n: int, upto: int | None = None) -> "Rows":
         """n rows continuing the committed ids[:upto] (default: all of them); they share its KV."""
         upto = len(self.ids) if upto is None else upto
-        return Rows(self, self.ids[:upto], _derive(self.cache, lambda t: t[:, :, :upto].expand(n, -1, -1, -1)), n)
+        return Rows(self, self.ids[:upto], derive_cache(self.cache, lambda t: t[:, :, :upto].expand(n, -1, -1, -1)), n)
 
     def commit(self, rows: "Rows", row: int, text: str) -> None:
         """The context becomes row `row` of a fork, whose tokens have been read; the generated text grows by `text`."""

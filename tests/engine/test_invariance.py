@@ -67,9 +67,9 @@ def test_a_merged_pass_computes_every_request_as_alone_bit_for_bit(pair):
 
 def _copy(cache):
     """A cache of its own over the same tensors (a forward pass replaces its layers' tensors)."""
-    from adafuse.cache import _derive
+    from adafuse.cache import derive_cache
 
-    return _derive(cache, lambda t: t)
+    return derive_cache(cache, lambda t: t)
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=NAMES)
