@@ -30,17 +30,16 @@ The whole story, in the order it happens:
    are taken in slot order, so which rows meet in a pass and where each row sits, and hence every
    float, never depend on which thread woke first (a GPU picks its kernels by shape).
 
-5. The merged pass (adafuse/merged_pass.py). Caches are left-padded to the longest and inputs
-   right-padded; an attention mask hides the padding and position ids are each row's own, so every
-   row sees exactly its own context (left padding shifts a row's keys and queries alike, so a sliding window keeps its
-   extent). The merged cache is a buffer with room to grow (`ReservedLayer`) that a pass writes in
-   place. Greedy steps of the same examples (`single`, UniTE, DeePEn: one committed row each,
-   reading as many tokens as the others) keep views of their rows, and the next pass over exactly
-   those caches reads the buffer as it is (`Resident`); forks (branches, candidates, spans) copy
-   their rows out, since a fork waits for a commit and a view would keep every example's rows
-   alive that long. The planner splits a pass whose padded copies and logits would not fit the
-   memory budget (`pass_bytes`); one that cannot fit even alone is `BatchMemoryError`, raised while
-   planning, before any pass of that round runs.
+5. The merged pass (adafuse/merged_pass.py). Inputs are right-padded to the widest and position ids
+   are each row's own. Exact (the default), each request's attention runs over its own cache, which
+   grows in place as in its pass alone (adafuse/cache.py `GrowingLayer`), and the linear layers
+   multiply only real positions (adafuse/invariance.py). Not exact, caches are left-padded into one
+   buffer with room to grow (`ReservedLayer`) under one attention mask, greedy steps of the same
+   examples read that buffer as it is (`Resident`), and forks copy their rows back out. The planner
+   splits a pass whose padded copies and logits would not fit the memory budget (`pass_bytes`); one
+   that cannot fit even alone is `BatchMemoryError`, raised while planning, before any pass of that
+   round runs. An example's members run side by side (`Scheduler.concurrently`), so their requests
+   wait in the same turn, and a turn runs each model's passes on a thread of its own.
 
 6. Endings. An exception in a worker, or a caller that stops iterating, ends the run: the scheduler
    is closed, every waiting request and every later one fails with `Cancelled`, and every worker
@@ -51,6 +50,7 @@ The whole story, in the order it happens:
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import psutil
@@ -123,6 +123,8 @@ class PassRequest:
     cache: object
     input_ids: torch.Tensor | None
     last_only: bool
+    lengths: list[int] | None = None  # each row's real ids, the rest right padding (`Member._forward`)
+    logprobs: bool = False  # hand back the member's log-softmax of the logits, taken on the pass's thread
     prompt: list[int] | None = None  # a prompt to read (`Member.read_prompt`) instead of input_ids
     done: threading.Event = field(default_factory=threading.Event)
     result: torch.Tensor | None = None
@@ -174,6 +176,8 @@ class Scheduler:
         self.pass_slots: list[list[int]] = []  # the slots of each merged pass's requests, in row order
         self.meetings: dict[str, Meeting] = {}  # per model name: how its requests meet
         self.counts: dict[str, PassCounts] = {}  # per model name: its passes
+        self.counting = threading.Lock()  # the counts above: different models' passes run side by side
+        self.pool = ThreadPoolExecutor(thread_name_prefix="adafuse-pass")
 
     def _merges(self, member: Member) -> bool:
         """May this member's requests share a pass? With `exact`, only if the model can be split exactly."""
@@ -197,9 +201,17 @@ class Scheduler:
             report[name] = how | asdict(counts)
         return report
 
-    def forward(self, member: Member, cache, input_ids: torch.Tensor, last_only: bool) -> torch.Tensor:
+    def forward(
+        self,
+        member: Member,
+        cache,
+        input_ids: torch.Tensor,
+        last_only: bool,
+        lengths: list[int] | None = None,
+        logprobs: bool = False,
+    ) -> torch.Tensor:
         """Called by a worker: block until the scheduler has run this pass."""
-        return self._wait(PassRequest(member, cache, input_ids, last_only))
+        return self._wait(PassRequest(member, cache, input_ids, last_only, lengths, logprobs))
 
     def read_prompt(self, member: Member, ids: list[int]) -> torch.Tensor:
         """Called by a worker: block until the scheduler has read this prompt into the member's cache."""
@@ -218,6 +230,53 @@ class Scheduler:
             raise request.error
         return request.result
 
+    def concurrently(self, tasks: list[Callable[[], object]]) -> list[object]:
+        """Called by a worker: run `tasks` side by side, each as a worker of its own, and return their results
+        in order (the first error, in task order, is raised once all have ended). One example's members
+        propose and score this way, so that their passes run in the same turn instead of one after another.
+
+        The caller holds `turn` and gives its place among the running workers to the tasks: `running` grows
+        by all but one of them, and the last task to end hands the place back instead of leaving it, so at
+        no moment does a pass run while the caller is about to ask for one.
+        """
+        if len(tasks) < 2:
+            return [task() for task in tasks]
+        results: list[object] = [None] * len(tasks)
+        errors: list[BaseException | None] = [None] * len(tasks)
+        left = [len(tasks)]
+        all_ended = threading.Event()
+
+        def run(i: int) -> None:
+            self.turn.acquire()
+            try:
+                results[i] = tasks[i]()
+            except BaseException as err:
+                errors[i] = err
+            with self.lock:
+                left[0] -= 1
+                last = left[0] == 0
+                if not last:
+                    self.running -= 1
+                    self.lock.notify_all()
+            self.turn.release()
+            if last:
+                all_ended.set()
+
+        with self.lock:
+            self.running += len(tasks) - 1
+        threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(tasks))]
+        for thread in threads:
+            thread.start()
+        self.turn.release()
+        all_ended.wait()
+        for thread in threads:
+            thread.join()
+        self.turn.acquire()
+        for err in errors:
+            if err is not None:
+                raise err
+        return results
+
     def close(self) -> None:
         """End the run: fail every waiting request (and every later one), drop the resident caches."""
         with self.lock:
@@ -225,6 +284,7 @@ class Scheduler:
             cancelled, self.waiting = self.waiting, []
             self.resident.clear()
             self.lock.notify_all()
+        self.pool.shutdown(wait=False)
         for r in cancelled:
             r.error = Cancelled("the batched run has ended")
             r.done.set()
@@ -239,8 +299,18 @@ class Scheduler:
             plans = plan_passes(
                 [r.shape for r in requests], lambda shape: self._merges(by_slot[shape.slot].member), self.memory_budget
             )
+            by_weights: dict[int, list[PassPlan]] = {}
             for plan in plans:
-                self.run_pass(plan, [by_slot[slot] for slot in plan.slots])
+                by_weights.setdefault(id(by_slot[plan.slots[0]].member.model), []).append(plan)
+
+            def run_in_order(weights_plans: list[PassPlan]) -> None:
+                for plan in weights_plans:
+                    self.run_pass(plan, [by_slot[slot] for slot in plan.slots])
+
+            # Each model's passes in plan order; different models' passes side by side (threads), so that one
+            # model's Python overlaps the other's multiplies. No pass reads what another model's pass writes.
+            for done in [self.pool.submit(run_in_order, group) for group in by_weights.values()]:
+                done.result()
         finally:  # a round that could not be planned (BatchMemoryError) leaves no worker waiting
             for r in requests:
                 if not r.done.is_set():
@@ -256,15 +326,21 @@ class Scheduler:
                 results = [r.member.read_prompt(r.prompt)]
             elif plan.kind == "alone":
                 (r,) = chunk
-                results = [r.member.forward_alone(r.cache, r.input_ids, r.last_only)]
+                results = [r.member.forward_alone(r.cache, r.input_ids, r.last_only, r.lengths)]
             else:
                 results = self._merged(chunk)
             for r, logits in zip(chunk, results):
-                r.result = logits
+                r.result = r.member._log_softmax(logits) if r.logprobs else logits
         except BaseException as err:  # the workers re-raise it; the run stops with the real error
             for r in chunk:
                 r.error = err
         rows = sum(1 if r.prompt is not None else r.input_ids.shape[0] for r in chunk)
+        with self.counting:
+            self._count(chunk, rows)
+        for r in chunk:
+            r.done.set()
+
+    def _count(self, chunk: list[PassRequest], rows: int) -> None:
         self.passes += 1
         self.merged += len(chunk) > 1
         self.rows += rows
@@ -272,8 +348,6 @@ class Scheduler:
         counts.passes += 1
         counts.merged_passes += len(chunk) > 1
         counts.rows += rows
-        for r in chunk:
-            r.done.set()
 
     def _merged(self, chunk: list[PassRequest]) -> list[torch.Tensor]:
         member = chunk[0].member
@@ -283,7 +357,8 @@ class Scheduler:
         self.reused += resident is not None and resident.holds(caches)
         committed = all(r.cache is r.member.cache for r in chunk)  # greedy steps, not forks (see Resident)
         inputs = [r.input_ids for r in chunk]
-        results, stays = forward_together(member, caches, inputs, resident, committed, exact=self.exact)
+        lengths = [r.lengths for r in chunk]
+        results, stays = forward_together(member, caches, inputs, resident, committed, self.exact, lengths)
         if stays is not None:
             self.resident[id(member.model)] = stays
         return results
@@ -363,7 +438,12 @@ def decode_many(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     scheduler = scheduler or Scheduler()
     queue = iter(items)
-    free = [[None if m is None else attach(m.clone(), scheduler, slot) for m in members] for slot in range(batch_size)]
+    # A clone's place in row order: its batch slot, then its place among the slot's members (the members
+    # of one example run side by side, `Scheduler.concurrently`, so their requests wait together).
+    free = [
+        [None if m is None else attach(m.clone(), scheduler, slot * len(members) + k) for k, m in enumerate(members)]
+        for slot in range(batch_size)
+    ]
     free.reverse()  # slots are taken from the end: the first example gets slot 0
     finished: list[tuple[object, object, list, BaseException | None]] = []
     threads: list[threading.Thread] = []

@@ -15,20 +15,52 @@ if TYPE_CHECKING:  # a fork reads through its member; the member module imports 
 def derive_cache(cache: DynamicCache, view) -> DynamicCache:
     """A new cache whose every key and value tensor, shape (batch, heads, length, head_dim), is `view(tensor)`.
 
-    Views (slices, expand) copy nothing; the next forward pass concatenates onto them anyway.
+    Views (slices, expand) copy nothing; the first forward pass that reads after them copies them once
+    into a buffer of the cache's own (`GrowingLayer`).
 
-    All layers are full-length `DynamicLayer`s, also for sliding-window models (Gemma 3): the model
-    still applies its window through the attention mask, and a full layer can be cropped anywhere,
-    which rolling back a rejected word needs (a sliding layer refuses once the window is full).
+    All layers are full-length, also for sliding-window models (Gemma 3): the model still applies its
+    window through the attention mask, and a full layer can be cropped anywhere, which rolling back a
+    rejected word needs (a sliding layer refuses once the window is full).
     """
     derived = DynamicCache()
     for source in cache.layers:
-        layer = DynamicLayer()
-        keys, values = view(source.keys), view(source.values)
-        layer.lazy_initialization(keys, values)
-        layer.keys, layer.values = keys, values
-        derived.layers.append(layer)
+        derived.layers.append(GrowingLayer(view(source.keys), view(source.values)))
     return derived
+
+
+class GrowingLayer(DynamicLayer):
+    """A cache layer that grows in place: new keys and values are written into a buffer with room after the
+    filled positions (`DynamicLayer.update` concatenates, copying the whole layer at every pass; a fork
+    of three rows read word by word copied its prompt's keys at every step). `keys` and `values` are
+    views of the filled positions.
+
+    Writing in place is safe because a write only ever goes past the filled positions, which no view
+    handed out covers: views of this layer (a fork, a row, a stored prompt) are made of its filled
+    positions. Where `keys` is not the view this layer last filled (it was given views of another's
+    tensors, or cropped, or replaced), the next update first copies it into a new buffer of its own."""
+
+    ROOM = 64  # positions of room a new buffer gets after what it must hold
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.keys, self.values = keys, values
+        self._filled: torch.Tensor | None = None  # the keys view of our own buffer, as last filled
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        length = self.keys.shape[-2]
+        end = length + key_states.shape[-2]
+        if self.keys is not self._filled or end > self._key_buffer.shape[-2]:
+            shape = (*self.keys.shape[:2], end + self.ROOM, self.keys.shape[-1])
+            self._key_buffer = self.keys.new_empty(shape)
+            self._value_buffer = self.values.new_empty((*shape[:3], self.values.shape[-1]))
+            self._key_buffer[:, :, :length] = self.keys
+            self._value_buffer[:, :, :length] = self.values
+        self._key_buffer[:, :, length:end] = key_states
+        self._value_buffer[:, :, length:end] = value_states
+        self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
+        self._filled = self.keys
+        return self.keys, self.values
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -87,8 +119,8 @@ class Rows:
         self.last: list[torch.Tensor | None] = [member.logprobs if len(prefix) == len(member.ids) else None] * n
         self.width = 0  # positions read after the prefix, padding included
 
-    def extend(self, new: list[list[int]]) -> torch.Tensor:
-        """Read `new[i]` after row i; returns log-probabilities (rows, longest, vocab) at each new position.
+    def extend(self, new: list[list[int]]) -> "Steps":
+        """Read `new[i]` after row i; returns the log-probabilities at each new position (`Steps`).
 
         A row that gets tokens must not have stopped early before (it would read after its padding).
         """
@@ -97,14 +129,15 @@ class Rows:
             if t and len(self.tokens[i]) != self.width:
                 raise AssertionError(f"row {i} stopped early and cannot be extended")
         pad = [t + [t[-1] if t else 0] * (longest - len(t)) for t in new]
-        logits = self.member._forward(self.cache, torch.tensor(pad, device=self.member.device))
-        logprobs = self.member._log_softmax(logits)
+        lengths = [len(t) for t in new]
+        ids = torch.tensor(pad, device=self.member.device)
+        steps = Steps(self.member._forward(self.cache, ids, lengths=lengths, logprobs=True), lengths)
         for i, t in enumerate(new):
             if t:
                 self.tokens[i] = self.tokens[i] + t
-                self.last[i] = logprobs[i, len(t) - 1]
+                self.last[i] = steps[i, len(t) - 1]
         self.width += longest
-        return logprobs
+        return steps
 
     def select(self, rows: list[int]) -> "Rows":
         """New rows that copy the given rows, in that order (beam search); this object stays as it was."""
@@ -134,3 +167,30 @@ class Rows:
     def cache_of_row(self, row: int) -> DynamicCache:
         end = len(self.prefix) + len(self.tokens[row])
         return derive_cache(self.cache, lambda t: t[row : row + 1, :, :end])
+
+
+class Steps:
+    """The log-probabilities one `Rows.extend` computed: `steps[i, j]` is the distribution after the j-th id
+    row i read (j < the ids it read; a slice of j gives several, a slice of i stacks rows). The padding
+    after a row's ids is never computed (adafuse/invariance.py `live_positions`): nothing to index there."""
+
+    def __init__(self, packed: torch.Tensor, lengths: list[int]):
+        self.packed = packed  # (sum(lengths), vocab), row after row
+        self.lengths = lengths
+        self.starts = [sum(lengths[:i]) for i in range(len(lengths))]
+
+    @property
+    def device(self) -> torch.device:
+        return self.packed.device
+
+    def __getitem__(self, key: tuple[int | slice, int | slice]) -> torch.Tensor:
+        row, position = key
+        if isinstance(row, slice):  # several rows at one position each: stacked
+            return torch.stack([self[r, position] for r in range(len(self.lengths))[row]])
+        length = self.lengths[row]
+        if isinstance(position, slice):
+            start, stop, step = position.indices(length)
+            return self.packed[self.starts[row] + start : self.starts[row] + stop : step]
+        if not -length <= position < length:
+            raise IndexError(f"row {row} read {length} ids; there is no position {position}")
+        return self.packed[self.starts[row] + position % length]

@@ -19,8 +19,9 @@ model scores are read in one batched forward pass, and committing reads nothing:
 is already in the row that proposed or scored it (see `Member.commit`).
 """
 
+import functools
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
 import torch
@@ -90,14 +91,17 @@ def decode(s: Session, cfg: AdaFuseConfig, early_finish: bool = True) -> None:
     while not s.done:
         round_idx = s.rounds
         ending = RoundEnd(s.text, s.stop) if early_finish and s.stop else None
-        proposed = propose_all(s.members, cfg, round_idx, ending)
+        proposed = propose_all(s.members, cfg, round_idx, ending, s.concurrently)
         if ending is not None and ending.settled:
             s.end_early(ending.target)
             break
         proposals, model_rounds = zip(*proposed)
         pool = build_pool(proposals)
-        for k, m in enumerate(s.members):
-            score_candidates(m, k, pool, round_idx)
+        scored = s.concurrently([functools.partial(scores_of, m, k, pool, round_idx) for k, m in enumerate(s.members)])
+        for model_scores in scored:  # appended in model order, however the models ran
+            for c, (score, home) in zip(pool, model_scores):
+                c.scores.append(score)
+                c.homes.append(home)
         fused = [sum(sc.nll for sc in c.scores) / len(s.members) for c in pool]
         winner = choose_winner(fused)
         if s.tracing:
@@ -125,6 +129,10 @@ class RoundEnd:
     def settled(self) -> bool:
         return self.possible and self.target is not None
 
+    def fresh(self) -> "RoundEnd":
+        """A RoundEnd of the same round that knows no candidate yet."""
+        return RoundEnd(self.text, self.stop)
+
     def cut(self, candidate: str, final: bool) -> str | None:
         """The text G ends as with this candidate (a complete one if `final`, else a prefix of one), if settled."""
         return settled_cut(self.text, candidate, self.stop, final)
@@ -139,19 +147,32 @@ class RoundEnd:
         return self.possible
 
 
-def propose_all(members: list[Member], cfg: AdaFuseConfig, round_idx: int, ending: RoundEnd | None) -> list:
-    """Every model's (proposals, ModelRound), proposed model by model. With `ending`, a proposal whose
-    candidates all settle pauses; the paused ones resume only if some other candidate rules an early
-    finish out. If none does, `ending.settled`, and a paused model's entry is None: its proposal is dropped."""
-    steps = [proposing(m, cfg, round_idx, ending) for m in members]
-    results: list = [None] * len(members)
-    for k, step in enumerate(steps):
-        results[k] = next_pause(step)
-        if results[k] is not None and ending is not None and ending.possible:
-            ending.agree([ending.cut(p.text, final=True) for p in results[k][0]])
-    if ending is not None and ending.settled:
-        return results
-    return [finish(step) if result is None else result for step, result in zip(steps, results)]
+def propose_all(
+    members: list[Member],
+    cfg: AdaFuseConfig,
+    round_idx: int,
+    ending: RoundEnd | None,
+    together: Callable[[list[Callable[[], object]]], list] = lambda tasks: [task() for task in tasks],
+) -> list:
+    """Every model's (proposals, ModelRound). `together` runs one task per model and returns their results
+    (`Session.concurrently`: side by side in a batched run, so the models' passes meet in the same turns).
+
+    With `ending`, each model's proposal pauses where the text of every candidate it can still make
+    settles (its own `RoundEnd`, so that no model's steps depend on how far another has got). If every
+    model paused or ended, all settling at the same cut, `ending.settled` and a paused model's entry is
+    None: its proposal is dropped. Otherwise the paused ones resume and end as they would have unpaused."""
+    own_endings = [None if ending is None else ending.fresh() for _ in members]
+    steps = [proposing(m, cfg, round_idx, own) for m, own in zip(members, own_endings)]
+    results = together([functools.partial(next_pause, step) for step in steps])
+    if ending is not None:
+        for own, result in zip(own_endings, results):  # in model order
+            ending.agree([own.target] if result is None else [ending.cut(p.text, final=True) for p in result[0]])
+        if ending.settled:
+            return results
+    paused = [k for k, result in enumerate(results) if result is None]
+    for k, result in zip(paused, together([functools.partial(finish, steps[k]) for k in paused])):
+        results[k] = result
+    return results
 
 
 def next_pause(steps: Generator):
@@ -408,13 +429,21 @@ def choose_winner(fused: list[float]) -> int:
 
 
 def score_candidates(m: Member, k: int, pool: list[Candidate], round_idx: int = 0) -> None:
-    """Append model k's Score (and where the scored ids are cached) to every candidate.
+    """Append model k's Score (and where the scored ids are cached) to every candidate (`scores_of`)."""
+    for c, (score, home) in zip(pool, scores_of(m, k, pool, round_idx)):
+        c.scores.append(score)
+        c.homes.append(home)
+
+
+def scores_of(m: Member, k: int, pool: list[Candidate], round_idx: int = 0) -> list[tuple[Score, tuple[Rows, int]]]:
+    """Model k's Score of every candidate, with the fork row that holds the scored ids.
 
     Its own candidates are scored on the ids it generated; the others as it encodes them in
     context, all in one batched forward pass (`Member.align`, `Member.read`).
     """
     foreign = [c for c in pool if k not in c.proposals]
     readings = iter(m.read([m.align(c.text) for c in foreign]) if foreign else ())
+    scored = []
     for c in pool:
         if k in c.proposals:
             p = c.proposals[k]
@@ -433,8 +462,8 @@ def score_candidates(m: Member, k: int, pool: list[Candidate], round_idx: int = 
         score.nll = -sum(lps) / len(lps)
         if not math.isfinite(score.nll):
             raise NumericsError(f"model {m.name!r}: the NLL of {c.text!r} is {score.nll} in round {round_idx}")
-        c.scores.append(score)
-        c.homes.append(home)
+        scored.append((score, home))
+    return scored
 
 
 def _round_trace(round_idx: int, model_rounds, pool: list[Candidate], fused: list[float], winner: int) -> RoundTrace:

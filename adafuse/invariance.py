@@ -2,8 +2,8 @@
 be alone, so that batch_size never changes an output (README: Batching, "exact").
 
 A merged pass (adafuse/merged_pass.py `forward_together`) stacks requests with caches of different
-lengths (left padding) and inputs of different widths (right padding). Two things made a row's
-numbers depend on its batch (measured on this project's CPU; the GPU is discussed in the README):
+lengths and inputs of different widths (right padding). Two things made a row's numbers depend on
+its batch (measured on this project's CPU; the GPU is discussed in the README):
 
 - attention over left-padded keys with a mask is computed with other shapes, and so other rounding,
   than attention over the request's own keys (bfloat16 results differed by up to 0.7 in the logits,
@@ -14,7 +14,8 @@ numbers depend on its batch (measured on this project's CPU; the GPU is discusse
 
 So:
 1. inside a merged pass (`split_pass`), attention runs once per request, on the request's rows, its
-   own query positions, its unpadded keys and values, with the mask the pass alone would build
+   own query positions, and the keys and values of its own cache, which grows exactly as in its pass
+   alone (`split_cache`: no merged cache is built), with the mask the pass alone would build
    (transformers' own mask functions), by the model's own attention function: the model's attention
    implementation is wrapped (`split_attention`), and outside a merged pass the wrapper calls the
    original unchanged;
@@ -33,7 +34,10 @@ The tiles change the canonical computation itself: a pass of one row is multipli
 alone or batched, in `generate()` over the member's model too. A merged pass then makes the same
 number of multiplies as a pass alone (tests/engine/test_invariance.py counts them).
 
-Every other layer (norms, rotary embeddings, the softmax) computes each row on its own already.
+Every other layer (norms, rotary embeddings, the softmax) computes each row on its own already. So a
+pass may also leave out rows no one reads: inside `live_positions` the linear layers multiply only
+each row's real positions, not the right padding after them, and the vocabulary projection makes
+logits for those alone (`only_live`, `packed_logits`).
 A model whose attention cannot be wrapped (its implementation is not in transformers' attention
 registry, e.g. "eager") is never merged when exactness is asked for: its requests run alone.
 """
@@ -72,8 +76,9 @@ class Span:
 @dataclass
 class Plan:
     spans: list[Span]
-    longest: int  # the merged cache's length before the pass
+    longest: int  # the longest request's cached positions before the pass
     masks: dict = field(default_factory=dict)  # (request, sliding window) -> the mask it would have alone
+    kv: list = field(default_factory=list)  # the layer being run: each request's keys and values (`SplitLayer`)
 
 
 _PLAN: contextvars.ContextVar = contextvars.ContextVar("adafuse_split_pass", default=None)
@@ -112,22 +117,52 @@ def split_attention(model) -> bool:
 
 def _attention(original):
     def attention(module, query, key, value, attention_mask, **kwargs):
-        """query (batch, heads, width, d); key, value (batch, kv_heads, longest + width, d)."""
+        """query (batch, heads, width, d). In a split pass, each request attends with its own cache's keys
+        and values, which its `SplitLayer` has just handed over (key and value are only the new ones)."""
         plan = _PLAN.get()
         if plan is None:
             return original(module, query, key, value, attention_mask, **kwargs)
         batch, heads, width, _ = query.shape
         out = query.new_zeros(batch, width, heads, value.shape[-1])
-        for j, s in enumerate(plan.spans):
-            own = slice(plan.longest - s.length, plan.longest + s.width)
+        for j, (s, (own_keys, own_values)) in enumerate(zip(plan.spans, plan.kv, strict=True)):
             mask = _alone_mask(plan, j, module.config, kwargs.get("sliding_window"), query)
-            o, _ = original(
-                module, query[s.rows, :, : s.width], key[s.rows, :, own], value[s.rows, :, own], mask, **kwargs
-            )
+            o, _ = original(module, query[s.rows, :, : s.width], own_keys, own_values, mask, **kwargs)
             out[s.rows, : s.width] = o
+        plan.kv = []
         return out, None
 
     return attention
+
+
+class SplitLayer(DynamicLayer):
+    """One layer of a split pass's cache (`split_cache`). The model sees one cache of the longest request's
+    length (it builds merged masks from it, which the split attention replaces); each request's new keys
+    and values go to that request's own cache layer, which grows exactly as in its pass alone, and the
+    attention that follows reads them from there (`Plan.kv`). No merged copy of any cache is made."""
+
+    def __init__(self, own: list[DynamicLayer], spans: list[Span], placeholder: torch.Tensor):
+        super().__init__()
+        self.lazy_initialization(placeholder, placeholder)
+        self.keys, self.values = placeholder, placeholder  # (rows, 1, longest, 1), no memory: its length alone
+        self.own, self.spans = own, spans
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        _PLAN.get().kv = [
+            own.update(key_states[s.rows, :, : s.width], value_states[s.rows, :, : s.width], *args, **kwargs)
+            for own, s in zip(self.own, self.spans)
+        ]
+        return key_states, value_states
+
+
+def split_cache(caches: list[DynamicCache], spans: list[Span], longest: int) -> DynamicCache:
+    """The cache a split pass hands the model: one `SplitLayer` per layer over the requests' own caches."""
+    rows = spans[-1].rows.stop
+    like = caches[0].layers[0].keys
+    placeholder = like.new_zeros(()).expand(rows, 1, longest, 1)
+    split = DynamicCache()
+    for layer in range(len(caches[0].layers)):
+        split.layers.append(SplitLayer([c.layers[layer] for c in caches], spans, placeholder))
+    return split
 
 
 def _alone_mask(plan: Plan, j: int, config, sliding_window, query: torch.Tensor):
@@ -168,22 +203,28 @@ def tile_linear_layers(model) -> None:
         if not isinstance(module, torch.nn.Linear) or module.weight.device.type == "meta":
             continue
         if not getattr(module, "_adafuse_blocked", False) and not getattr(module, "_adafuse_tiled", False):
-            module.forward = functools.partial(_tiled_forward, module)
+            head = module is model.get_output_embeddings()
+            module.forward = functools.partial(_tiled_forward, module, head)
             module._adafuse_tiled = True
 
 
-def _tiled_forward(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return tiled_linear(x, module.weight, module.bias)
+def _tiled_forward(module: torch.nn.Linear, head: bool, x: torch.Tensor) -> torch.Tensor:
+    return tiled_linear(x, module.weight, module.bias, pack=head)
 
 
-def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def tiled_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False
+) -> torch.Tensor:
     """F.linear(x, weight, bias), every row computed with the bits it gets in a tile of `tile_rows` rows
     whatever the other rows: the rows are zero-padded to a whole number of tiles and multiplied in one
-    call where that call is probed to give each tile's bits (`one_call_is_tiled`), else tile by tile."""
-    rows, width = x.numel() // x.shape[-1], x.shape[-1]
-    flat = pad_to_tiles(x.reshape(rows, width), weight, bias)
-    out = multiply_in_tiles(flat, weight, bias)
-    return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
+    call where that call is probed to give each tile's bits (`one_call_is_tiled`), else tile by tile.
+    Inside `live_positions`, only the live positions are multiplied (`only_live`; `pack`: the model's
+    vocabulary projection)."""
+    return only_live(x, weight.shape[0], lambda flat: _tiled_rows(flat, weight, bias), pack)
+
+
+def _tiled_rows(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return multiply_in_tiles(pad_to_tiles(flat, weight, bias), weight, bias)[: flat.shape[0]]
 
 
 def pad_to_tiles(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -255,8 +296,27 @@ def one_call_is_tiled(weight: torch.Tensor, bias: torch.Tensor | None, padded_ro
 
 
 def _probe_input(rows: int, weight: torch.Tensor, seed: int) -> torch.Tensor:
+    """Random rows that make a change in a multiply's summation order show in its output, even rounded to
+    bfloat16. Every other row also holds a pair of large terms that cancel exactly in one output j
+    (x[k1] = c * W[j, k2], x[k2] = -c * W[j, k1]), so how the small terms are summed around them decides
+    that output's low bits, and a kernel that groups the inner dimension otherwise gives another value.
+    The plain rows keep every output of theirs small, and sensitive to the last bits of each term.
+    (Plain random rows alone let two orders agree once rounded to bfloat16's 8 bits: a probe of 320 rows
+    passed whose multiply then gave a real row a bfloat16 step apart.)"""
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(rows, weight.shape[1], generator=generator).to(weight.device, weight.dtype)
+    x = torch.randn(rows, weight.shape[1], generator=generator)
+    w = weight.detach().float().cpu()
+    for i in range(1, rows, 2):
+        j = int(torch.randint(w.shape[0], (), generator=generator))
+        k1, k2 = torch.randperm(w.shape[1], generator=generator)[:2].tolist()
+        pair = w[j, k1] * w[j, k2]
+        if pair == 0:
+            continue
+        # a power of two, so that each term is exact and the pair cancels exactly: about 2^16 times the small terms
+        small = float(w[j].abs().mean()) * weight.shape[1] ** 0.5
+        c = 2.0 ** round(torch.log2(torch.tensor(2.0**16 * small / abs(float(pair)))).item())
+        x[i, k1], x[i, k2] = c * w[j, k2], -c * w[j, k1]
+    return x.to(weight.device, weight.dtype)
 
 
 def _tile_by_tile(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: int) -> torch.Tensor:
@@ -273,3 +333,69 @@ def _position_invariant(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         if not torch.equal(F.linear(shared, weight, bias)[place], alone):
             return False
     return True
+
+
+# ---- live positions -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LivePositions:
+    """The positions of a pass whose results are read: (rows, width) of the pass's input, and the flat
+    indices (row * width + position) of the live ones."""
+
+    shape: tuple[int, int]
+    index: torch.Tensor
+
+
+_LIVE: contextvars.ContextVar = contextvars.ContextVar("adafuse_live_positions", default=None)
+
+
+@contextlib.contextmanager
+def live_positions(lengths: list[int] | None, width: int, device):
+    """Inside this block, a pass of len(lengths) rows of `width` positions reads only the first lengths[i]
+    positions of row i: its linear layers multiply those alone (`only_live`), since a row right-padded
+    after its real tokens never lets them see the padding. A forward pass of every row of a fork,
+    branches that ended early and candidates of unequal length included, then costs what its real
+    tokens cost. `lengths` None, or all full: every position is live and nothing changes."""
+    if lengths is None or all(n >= width for n in lengths):
+        yield
+        return
+    live = torch.arange(width) < torch.tensor(lengths)[:, None]
+    token = _LIVE.set(LivePositions((len(lengths), width), live.flatten().nonzero().squeeze(1).to(device)))
+    try:
+        yield
+    finally:
+        _LIVE.reset(token)
+
+
+def only_live(x: torch.Tensor, features: int, multiply, pack: bool = False) -> torch.Tensor:
+    """`multiply` (rows, in) -> (rows, features) applied to x (..., in). Inside `live_positions`, for an x
+    laid out as the pass's positions, only the live rows are multiplied. The others are zeros (finite: they
+    flow on through the layers, whose results at live positions never read them), or, with `pack` (the
+    vocabulary projection, the last layer), left out: the result is (1, live positions, features), the
+    logits of the live positions in row order, so that no logits are ever made for padding
+    (`packed_logits` reads them). A row's bits are the same either way: every multiply computes a row as in
+    its tile, whatever the others (`tiled_linear`, adafuse/projection.py)."""
+    live = _LIVE.get()
+    flat = x.reshape(-1, x.shape[-1])
+    if live is None or tuple(x.shape[:-1]) != live.shape:
+        return multiply(flat).reshape(*x.shape[:-1], features)
+    computed = multiply(flat.index_select(0, live.index))
+    if pack:
+        return computed.unsqueeze(0)
+    out = flat.new_zeros(flat.shape[0], features)
+    out.index_copy_(0, live.index, computed)
+    return out.reshape(*x.shape[:-1], features)
+
+
+def packed_logits(logits: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor:
+    """The logits of a pass run in `live_positions(lengths, width)`, as (live positions, vocab) in row order:
+    as the packed head gave them (1, live, vocab), or taken from a head that gave every position
+    (rows, width, vocab): a pass with no padding, or a head that `tile_linear_layers` could not wrap."""
+    if logits.shape[:2] == (len(lengths), width):
+        if all(length == width for length in lengths):
+            return logits.reshape(-1, logits.shape[-1])
+        return torch.cat([logits[row, :length] for row, length in enumerate(lengths)])
+    if logits.shape[:2] != (1, sum(lengths)):
+        raise AssertionError(f"logits of shape {tuple(logits.shape)} for rows of {lengths} real positions")
+    return logits[0]

@@ -1,10 +1,11 @@
 """The merged pass: one forward pass over the rows of several examples' requests to the same weights
 (adafuse/batching.py decides which requests meet; this module lays out and runs their pass).
 
-Caches are left-padded to the longest and inputs right-padded; an attention mask hides the padding
-and position ids are each row's own, so every row sees exactly its own context. The merged cache is
-a buffer with room to grow (`ReservedLayer`) that a pass writes in place, and a greedy step's merged
-cache may serve the next pass as it is (`Resident`).
+Inputs are right-padded and position ids are each row's own, so every row sees exactly its own
+context. Exact (the default), attention runs per request over the request's own cache (a split pass,
+adafuse/invariance.py); no merged cache is built. Not exact, caches are left-padded to the longest
+under one attention mask: that merged cache is a buffer with room to grow (`ReservedLayer`) that a
+pass writes in place, and a greedy step's merged cache may serve the next pass as it is (`Resident`).
 """
 
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from adafuse.invariance import Span, split_attention, split_pass
+from adafuse.invariance import Span, live_positions, packed_logits, split_attention, split_cache, split_pass
 from adafuse.model import Member
 
 
@@ -79,63 +80,82 @@ def forward_together(
     resident: Resident | None = None,
     may_stay: bool = False,
     exact: bool = True,
+    real: list[list[int] | None] | None = None,
 ) -> tuple[list[torch.Tensor], Resident | None]:
     """One forward pass over the rows of several requests to the same weights: the logits of each, and
-    the pass's cache where it may stay resident for the next pass (`may_stay`: every request is a
-    model's committed context; see `Resident`).
+    the pass's cache where it may stay resident for the next pass (see `Resident`).
 
-    Request j has a cache of length L_j (rows b_j) and inputs (b_j, n_j). Caches are left-padded to
-    the longest, inputs right-padded; the attention mask hides the padding and the position ids are
-    each row's own (L_j, L_j + 1, ...), so every row sees exactly its own context. Left padding shifts
-    a row's keys and queries alike, so a sliding window (Gemma 3) keeps its true extent. Afterwards
-    each request's cache holds its own rows and new tokens, as if it had been read alone.
+    Request j has a cache of length L_j (rows b_j) and inputs (b_j, n_j); inputs are right-padded to the
+    widest and the position ids are each row's own (L_j, L_j + 1, ...). Afterwards each request's cache
+    holds its own rows and new tokens, as if it had been read alone.
 
-    `exact`: every request's numbers are bitwise those of its pass alone (adafuse/invariance.py:
-    attention per request; the linear layers multiply all rows at once, in row tiles that make each
-    row's bits independent of the others, alone and merged alike); a model whose attention cannot be
-    split is refused (`can_merge_exactly`).
-    Otherwise the merged mask stands for the padding, and results equal the alone pass's up to
-    rounding.
+    `exact`: every request's numbers are bitwise those of its pass alone (adafuse/invariance.py). The
+    linear layers multiply all rows at once, in row tiles that make each row's bits independent of the
+    others; attention runs per request over the request's own cache, which grows as alone (a split pass:
+    no merged cache is built); a model whose attention cannot be split is refused (`can_merge_exactly`).
+    Otherwise the caches are left-padded to the longest and stacked, an attention mask hides the padding
+    (left padding shifts a row's keys and queries alike, so a sliding window keeps its true extent), and
+    results equal the alone pass's up to rounding; `may_stay` (every request is a model's committed
+    context) lets that merged cache serve the next pass.
+
+    `real[j]`: request j's real ids per row (None: all of its width). The linear layers multiply only
+    those positions (adafuse/invariance.py `live_positions`), not the padding up to the pass's width, and
+    request j's logits are then packed, (sum(real[j]), vocab) (`Member.forward_alone`); a request without
+    `real` gets (rows, width, vocab) as alone.
     """
     lengths = [c.get_seq_length() for c in caches]
     longest, width = max(lengths), max(x.shape[1] for x in inputs)
     device = member.device
     ids = torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1]), value=int(x[0, -1])) for x in inputs])
-    mask = torch.zeros(ids.shape[0], longest + width, dtype=torch.long, device=device)
-    positions = torch.empty(ids.shape[0], width, dtype=torch.long, device=device)
-    row = 0
+    positions = torch.cat(
+        [torch.arange(n, n + width, device=device).expand(x.shape[0], -1) for n, x in zip(lengths, inputs)]
+    )
+    spans, row = [], 0
     for length, x in zip(lengths, inputs):
-        mask[row : row + x.shape[0], longest - length : longest + x.shape[1]] = 1
-        positions[row : row + x.shape[0]] = torch.arange(length, length + width, device=device)
+        spans.append(Span(slice(row, row + x.shape[0]), length, x.shape[1]))
         row += x.shape[0]
+    live = [n for j, x in enumerate(inputs) for n in (real[j] if real and real[j] else [x.shape[1]] * x.shape[0])]
+    kwargs = {"input_ids": ids, "position_ids": positions, "use_cache": True}
+    stays = None
+    with live_positions(live, width, device):
+        if exact:
+            if not can_merge_exactly(member.model):  # idempotent: it prepares a model on its first merged pass
+                raise ValueError(
+                    f"model {member.name!r}: its attention cannot be split per request; run its passes alone"
+                )
+            with split_pass(spans, longest):  # each request's own cache and masks replace the merged ones
+                out = member.model(**kwargs, **{member.cache_arg: split_cache(caches, spans, longest)})
+        else:
+            out, stays = _forward_padded(member, caches, spans, longest, width, kwargs, resident, may_stay)
+    logits, results, at = packed_logits(out.logits, live, width).float(), [], 0
+    for j, (x, s) in enumerate(zip(inputs, spans)):
+        count = sum(live[s.rows])  # request j's positions in the packed logits, (count, vocab) in row order
+        own = logits[at : at + count]
+        results.append(own if real and real[j] else own.view(x.shape[0], x.shape[1], -1))
+        at += count
+    return results, stays
 
+
+def _forward_padded(member, caches, spans, longest, width, kwargs, resident, may_stay):
+    """The pass over the caches left-padded and stacked, under one merged mask (not exact): its output, and
+    the merged cache where it may stay resident."""
+    rows = spans[-1].rows.stop
+    mask = torch.zeros(rows, longest + width, dtype=torch.long, device=member.device)
+    for s in spans:
+        mask[s.rows, longest - s.length : longest + s.width] = 1
     merged = resident.merged if resident is not None and resident.holds(caches) else _merge(caches, longest, width)
-    kwargs = {"input_ids": ids, "position_ids": positions, "use_cache": True, member.cache_arg: merged}
-    if exact:
-        if not can_merge_exactly(member.model):  # idempotent: it prepares a model on its first merged pass
-            raise ValueError(f"model {member.name!r}: its attention cannot be split per request; run its passes alone")
-        spans, row = [], 0
-        for length, x in zip(lengths, inputs):
-            spans.append(Span(slice(row, row + x.shape[0]), length, x.shape[1]))
-            row += x.shape[0]
-        with split_pass(spans, longest):
-            out = member.model(**kwargs)  # each request's own masks replace the merged one
-    else:
-        out = member.model(attention_mask=mask, **kwargs)
-    stays = may_stay and all(x.shape == (1, width) for x in inputs)
-    logits, results, row = out.logits.float(), [], 0
-    for cache, length, x in zip(caches, lengths, inputs):
-        rows, span = slice(row, row + x.shape[0]), slice(longest - length, longest + x.shape[1])
+    out = member.model(attention_mask=mask, **kwargs, **{member.cache_arg: merged})
+    stays = may_stay and all(s.width == width and s.rows.stop - s.rows.start == 1 for s in spans)
+    for cache, s in zip(caches, spans):
+        span = slice(longest - s.length, longest + s.width)
         for own, new in zip(cache.layers, merged.layers):
-            own.keys, own.values = new.keys[rows, :, span], new.values[rows, :, span]
+            own.keys, own.values = new.keys[s.rows, :, span], new.values[s.rows, :, span]
             if not stays:
                 # Copies: a view would keep the whole padded merged cache alive for as long as any one
                 # request keeps its cache (a scored candidate waits for the commit), and on GSM8K with
                 # 8 examples in flight those merged caches reached 11 GB.
                 own.keys, own.values = own.keys.clone(), own.values.clone()
-        results.append(logits[rows, : x.shape[1]])
-        row += x.shape[0]
-    return results, Resident(list(caches), merged, [c.layers[0].keys for c in caches]) if stays else None
+    return out, Resident(list(caches), merged, [c.layers[0].keys for c in caches]) if stays else None
 
 
 def can_merge_exactly(model) -> bool:

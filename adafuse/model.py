@@ -30,7 +30,7 @@ from transformers import DynamicCache
 
 from adafuse.cache import PromptStore, Rows, common_prefix, derive_cache
 from adafuse.errors import ConfigError, ContextLengthError, DataError
-from adafuse.invariance import tile_linear_layers
+from adafuse.invariance import live_positions, packed_logits, tile_linear_layers
 from adafuse.projection import block_output_projection
 from adafuse.tokens import TokenBytes, token_bytes, vocabulary_bytes
 from adafuse.words import Detokenizer, ends_inside_char
@@ -89,7 +89,7 @@ class Member:
         self.anchor = 0  # where the last committed word starts in `ids`: a cut-back never reaches before it
         self.mask_control = True
         self.scheduler = None  # adafuse/batching.py merges this member's forward passes with other examples'
-        self.slot = None  # the batch slot this clone decodes in (the scheduler orders a pass's rows by it)
+        self.slot = None  # this clone's place in a pass's row order: its batch slot, then its member index
         self.prompts = PromptStore()  # shared by all clones (see `start`)
         self.forward_passes = 0
         self.tokens_fed = 0
@@ -262,6 +262,8 @@ class Member:
         self.forward_passes += 1
         self.tokens_fed += len(ids) - keep
         logits = self.forward_alone(self.cache, torch.tensor([ids[keep:]], device=self.device), last_only=True)
+        if keep == 0:  # the model's own layers: from here on the cache grows in place (cache.py `GrowingLayer`)
+            self.cache = derive_cache(self.cache, lambda t: t)
         self.ids = list(ids)
         self.prompts.add(ids, self.cache)
         return logits
@@ -383,27 +385,44 @@ class Member:
             logits = logits.index_fill(-1, self._control_index, float("-inf"))
         return torch.log_softmax(logits, dim=-1)
 
-    def _forward(self, cache: DynamicCache, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """Logits (batch, length, vocab) in float32 for `input_ids` read after the cached tokens; the
-        cache grows by them. With a scheduler attached (adafuse/batching.py), the pass is merged with
-        other examples' passes over the same weights."""
+    def _forward(
+        self,
+        cache: DynamicCache,
+        input_ids: torch.Tensor,
+        last_only: bool = False,
+        lengths: list[int] | None = None,
+        logprobs: bool = False,
+    ) -> torch.Tensor:
+        """Logits in float32 for `input_ids` read after the cached tokens; the cache grows by them. Without
+        `lengths`, (batch, length, vocab); with them (lengths[i]: the real ids of row i, the rest its right
+        padding), (real ids, vocab) in row order, padding never computed (see `forward_alone`). With
+        `logprobs`, their `_log_softmax`. With a scheduler attached (adafuse/batching.py), the pass is merged
+        with other examples' passes over the same weights, and the log-softmax is taken where the pass ran."""
         self.forward_passes += 1
         self.tokens_fed += input_ids.numel()
         if self.scheduler is not None:
-            return self.scheduler.forward(self, cache, input_ids, last_only)
-        return self.forward_alone(cache, input_ids, last_only)
+            return self.scheduler.forward(self, cache, input_ids, last_only, lengths, logprobs)
+        logits = self.forward_alone(cache, input_ids, last_only, lengths)
+        return self._log_softmax(logits) if logprobs else logits
 
     @torch.inference_mode()
-    def forward_alone(self, cache: DynamicCache, input_ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+    def forward_alone(
+        self, cache: DynamicCache, input_ids: torch.Tensor, last_only: bool = False, lengths: list[int] | None = None
+    ) -> torch.Tensor:
         """One forward pass of this member's rows only.
 
         `last_only` computes the vocabulary projection for the last position alone (length 1): a
         1,400-token prompt would otherwise materialise 1.5 GB of logits with a 262k vocabulary.
+        `lengths`: only the first lengths[i] positions of row i are computed by the linear layers, and
+        their logits are returned packed, (sum(lengths), vocab) (adafuse/invariance.py `live_positions`).
         """
         kwargs = {self.cache_arg: cache}
         if last_only and self._can_keep_last:
             kwargs["logits_to_keep"] = 1
-        return self.model(input_ids=input_ids, use_cache=True, **kwargs).logits.float()
+        width = input_ids.shape[1]
+        with live_positions(lengths, width, self.device):
+            logits = self.model(input_ids=input_ids, use_cache=True, **kwargs).logits
+        return logits.float() if lengths is None else packed_logits(logits, lengths, width).float()
 
     def kv_bytes_per_token(self) -> int:
         """Bytes of keys and values one token takes in the cache, over all layers."""

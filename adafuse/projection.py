@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from adafuse.invariance import multiply_in_tiles, pad_to_tiles
+from adafuse.invariance import multiply_in_tiles, only_live, pad_to_tiles
 
 BLOCK_ROWS = 512
 MIN_HIDDEN = 256
@@ -43,16 +43,17 @@ def block_output_projection(model) -> None:
 
 
 def _blocked(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    rows, width = x.numel() // x.shape[-1], x.shape[-1]
-    weight, bias = head.weight, head.bias
+    return only_live(x, head.weight.shape[0], lambda flat: _blocked_rows(head, flat), pack=True)
+
+
+def _blocked_rows(head: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
+    weight, bias, rows = head.weight, head.bias, flat.shape[0]
     blocks = [
         (weight[i : i + BLOCK_ROWS], None if bias is None else bias[i : i + BLOCK_ROWS])
         for i in range(0, weight.shape[0], BLOCK_ROWS)
     ]
-    flat = x.reshape(rows, width)
     padded = {}  # block shape -> the rows padded to its tiles (every block but perhaps the last: one shape)
     for w, b in blocks:
         if w.shape not in padded:
             padded[w.shape] = pad_to_tiles(flat, w, b)
-    out = torch.cat([multiply_in_tiles(padded[w.shape], w, b)[:rows] for w, b in blocks], dim=-1)
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    return torch.cat([multiply_in_tiles(padded[w.shape], w, b)[:rows] for w, b in blocks], dim=-1)

@@ -7,7 +7,9 @@ A `Request` is what the runner and the Python API hand to a method (as lm-evalua
 """
 
 import copy
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from adafuse.model import Member
@@ -55,11 +57,20 @@ class Session:
         self._request = request
         for m in members:
             m.reset_counters()
-            m.start(request.prompt, reserve=reserve, mask_control=mask_control)
+        self.concurrently(
+            [functools.partial(m.start, request.prompt, reserve=reserve, mask_control=mask_control) for m in members]
+        )
         self._text = ""
         self._stats = Stats()
         self._trace = Trace(prompt_ids=[list(m.ids) for m in members]) if request.trace else None
         self._output_ids: list[list[int]] | None = None  # set by a method whose output ids are not all read
+
+    def concurrently(self, tasks: list[Callable[[], object]]) -> list[object]:
+        """Run one task per member (or any tasks over the members' own state) and return their results in order.
+        In a batched run they run side by side (adafuse/batching.py `Scheduler.concurrently`), so the members'
+        forward passes are asked for in the same turn; unbatched, one after another. The results are the same."""
+        scheduler = next((m.scheduler for m in self._members if m.scheduler is not None), None)
+        return [task() for task in tasks] if scheduler is None else scheduler.concurrently(tasks)
 
     @property
     def members(self) -> list[Member]:

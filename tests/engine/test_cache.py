@@ -3,9 +3,12 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from adafuse import AdaFuseConfig
 from adafuse.cache import common_prefix
+from adafuse.invariance import tile_rows
 from oracles import reference
 from tools.testing import WINDOW, clone, decode
 
@@ -133,3 +136,61 @@ def test_cache_length_equals_context_after_every_decode(paper_pair):
         for m in paper_pair.members:
             m.check_invariant()
             assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
+
+
+def test_a_cache_grows_in_place_and_never_writes_into_a_view_it_handed_out(smol):
+    """GrowingLayer: steps after the first write into one buffer; a fork, a committed row or a crop taken
+    before a step keeps its values, and the contexts still match full forward passes."""
+    m = clone(smol)
+    m.start("The quick brown fox")
+    rows = m.fork(2)
+    rows.extend([[5], [6]])  # the expanded prefix is copied once, into the fork's own buffer
+    buffer = rows.cache.layers[0].keys.data_ptr()
+    row_view = rows.cache_of_row(0)  # a view of the buffer's filled positions
+    kept = row_view.layers[0].keys.clone()
+    rows.extend([[7], [8]])
+    rows.extend([[9], [10]])
+    assert rows.cache.layers[0].keys.data_ptr() == buffer  # written in place, not concatenated
+    assert torch.equal(row_view.layers[0].keys, kept)
+    for i in range(2):
+        assert torch.allclose(rows.last[i], full_next_logprobs(m, rows.prefix + rows.tokens[i]), atol=1e-4)
+    m.commit(rows, 1, m.text_of(rows.tokens[1]))
+    before = m.cache.layers[0].keys.clone()
+    m.cache.crop(-1)  # a rollback: the next read starts a buffer of its own
+    m.ids = m.ids[:-1]
+    m.feed([11])
+    assert torch.equal(rows.cache.layers[0].keys[1, :, : before.shape[2]], before[0])
+    assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
+
+
+def test_a_fork_of_rows_of_unequal_length_computes_only_their_ids(smol):
+    """Rows.extend gives each row's distributions at the ids it read. The padding after a shorter row is
+    never multiplied (only the real positions reach the linear layers, in whole tiles) and cannot be
+    indexed, and a real row's values are bit for bit those of the same pass with no padding at all."""
+    m = clone(smol)
+    m.start("Once upon a time")
+    layer = m.model.model.layers[0].mlp.down_proj
+    with LinearRows() as rows_multiplied:
+        steps = m.fork(3).extend([[5, 6, 7], [8], []])
+    tile = tile_rows(layer.weight, layer.bias)
+    assert max(rows_multiplied.rows) == -(-4 // tile) * tile  # 4 real ids of the 9 positions
+    assert steps.packed.shape[0] == 4
+    with pytest.raises(IndexError, match="no position 1"):
+        steps[1, 1]
+    unpadded = m.fork(3).extend([[5, 6, 7], [8, 8, 8], [9, 9, 9]])
+    for j in range(3):
+        assert torch.equal(steps[0, j], unpadded[0, j])
+    assert torch.equal(steps[1, 0], unpadded[1, 0])
+
+
+class LinearRows(TorchFunctionMode):
+    """The rows of every matrix multiply (F.linear) made inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.linear:
+            self.rows.append(args[0].reshape(-1, args[0].shape[-1]).shape[0])
+        return func(*args, **(kwargs or {}))

@@ -11,7 +11,7 @@ from torch.overrides import TorchFunctionMode
 from adafuse import Ensemble, Request, SingleConfig
 from adafuse.batching import Scheduler, decode_many
 from adafuse.config import ModelConfig
-from adafuse.invariance import _ONE_CALL, _kernel_key, tile_rows, tiled_linear
+from adafuse.invariance import _ONE_CALL, _kernel_key, _probe_input, tile_rows, tiled_linear
 from adafuse.merged_pass import can_merge_exactly, forward_together
 from adafuse.methods import METHODS
 from oracles.greedy import hf_greedy
@@ -189,3 +189,23 @@ def test_the_tile_by_tile_path_gives_the_one_multiply_s_bits(smol):
         _ONE_CALL[key] = True
     assert count.calls == padded // tile
     assert torch.equal(by_tiles, one_call)
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["smollm2", "gemma3"])
+def test_the_probe_rows_tell_apart_two_orders_of_summing_the_inner_dimension(tiny, index):
+    """The rows that decide a kernel's tiles (`_probe_input`) show a change in summation order through
+    bfloat16's 8 bits, which hide it in nearly every output of plain random rows: one float32 sum of the
+    inner dimension against two halves summed apart (what another kernel's blocking does), rounded."""
+    layer = next(m for m in tiny.members[index].model.modules() if isinstance(m, torch.nn.Linear))
+    weight = layer.weight.detach().to(torch.bfloat16).float()
+    half = weight.shape[1] // 2
+
+    def outputs_apart(x: torch.Tensor) -> int:
+        x = x.to(torch.bfloat16).float()
+        whole = (x @ weight.T).to(torch.bfloat16)
+        halves = (x[:, :half] @ weight[:, :half].T + x[:, half:] @ weight[:, half:].T).to(torch.bfloat16)
+        return int((whole != halves).sum())
+
+    probe = outputs_apart(_probe_input(64, weight.to(torch.bfloat16), seed=0))
+    plain = outputs_apart(torch.randn(64, weight.shape[1], generator=torch.Generator().manual_seed(0)))
+    assert probe >= 20 and probe > 4 * plain, (probe, plain)
