@@ -69,7 +69,7 @@ class Span:
     """One request's place in a merged pass."""
 
     rows: slice  # its rows in the merged batch
-    length: int  # L_j: its cached positions before the pass (it is left-padded to the longest)
+    length: int  # L_j: its cached positions before the pass
     width: int  # n_j: its own input width (its own right padding included, as when alone)
 
 

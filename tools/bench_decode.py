@@ -27,9 +27,14 @@
 7. `--only exact`: what exact batching costs (adafuse/invariance.py): AdaFuse on the same 48 prompts of
    one task (`--batching-task`, default NQ; `--limit` fewer) exact at batch 8, not exact at batch 8 and
    exact at batch 1, in one run: the three throughputs and whether the outputs are identical.
+8. `--only default_run`: the user's measure of the ensemble's cost. `python run.py` with every default
+   (AdaFuse on the bundled pair, 50 NQ questions, batch 8, exact) and each member alone
+   (`method=single method.member=K`), each in a fresh process, alternating `--repeats` times: decode
+   seconds from each run's metrics.json, AdaFuse / (member 0 + member 1), and predictions against the
+   committed results/grid runs.
 Prints a table and writes the figures to results/bench/decode.json; `--only reference`, `authors`,
-`projection`, `lm_eval` or `exact` writes its section alone to reference.json, authors.json,
-projection.json, lm_eval.json or exact_batching.json.
+`projection`, `lm_eval`, `exact` or `default_run` writes its section alone to reference.json,
+authors.json, projection.json, lm_eval.json, exact_batching.json or default_run.json.
 """
 
 import argparse
@@ -41,6 +46,7 @@ import json
 import os
 import platform
 import resource
+import subprocess
 import sys
 import tempfile
 import threading
@@ -395,6 +401,46 @@ def compare_exact_batching(ens: Ensemble, data_dir: Path, task: str, limit: int)
     }
 
 
+DEFAULT_RUNS = {
+    "adafuse": [],
+    "single_0": ["method=single", "method.member=0"],
+    "single_1": ["method=single", "method.member=1"],
+}
+
+
+def compare_default_run(repeats: int) -> dict:
+    """Section 8: run.py's default command and each member alone, fresh processes, alternating."""
+    seconds: dict[str, list[float]] = {name: [] for name in DEFAULT_RUNS}
+    identical: dict[str, int] = {}
+    examples = 0
+    for repeat in range(repeats):
+        for name, overrides in DEFAULT_RUNS.items():
+            with tempfile.TemporaryDirectory() as out:
+                command = [sys.executable, "run.py", f"results_dir={out}", "wandb.mode=disabled", *overrides]
+                subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
+                (run_dir,) = {path.parent for path in Path(out).glob("nq/*/tiny/*/metrics.json")}
+                seconds[name].append(json.loads((run_dir / "metrics.json").read_text())["throughput"]["seconds"])
+                identical[name], examples = identical_to_grid(run_dir, ROOT / "results/grid" / run_dir.relative_to(out))
+            print(f"  {repeat + 1}/{repeats} {name:8s} {seconds[name][-1]:6.1f} s", flush=True)
+    best = {name: min(values) for name, values in seconds.items()}
+    per_repeat = [a / (s0 + s1) for a, s0, s1 in zip(*seconds.values())]
+    return {
+        "examples": examples,
+        "repeats": repeats,
+        "seconds": seconds,
+        "ratio_of_best": best["adafuse"] / (best["single_0"] + best["single_1"]),
+        "ratio_per_repeat": per_repeat,
+        "identical_to_grid": identical,
+    }
+
+
+def identical_to_grid(run_dir: Path, grid_dir: Path) -> tuple[int, int]:
+    """(predictions equal to the committed grid run's, predictions) by example id."""
+    grid = {r["id"]: r["prediction"] for r in map(json.loads, (grid_dir / "predictions.jsonl").open())}
+    ours = [json.loads(line) for line in (run_dir / "predictions.jsonl").open()]
+    return sum(grid.get(r["id"]) == r["prediction"] for r in ours), len(ours)
+
+
 PROJECTION_ROWS = (1, 2, 3, 5, 8, 16, 32, 64)
 
 
@@ -483,8 +529,8 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument(
         "--only",
-        choices=["singles", "reference", "batching", "authors", "projection", "lm_eval", "exact"],
-        help="run one section (1, 2, 3, 4, 5, 6 or 7)",
+        choices=["singles", "reference", "batching", "authors", "projection", "lm_eval", "exact", "default_run"],
+        help="run one section (1, 2, 3, 4, 5, 6, 7 or 8)",
     )
     parser.add_argument("--authors-code", type=Path, help="a checkout of CCM0111/AdaFuse (section 4)")
     parser.add_argument("--authors-questions", type=int, default=10, help="NQ questions for section 4")
@@ -511,6 +557,7 @@ def main() -> None:
     parser.add_argument("--lm-eval-batch-size", type=int, default=8, help="section 6's examples in flight")
     parser.add_argument("--lm-eval-repeats", type=int, default=2, help="section 6's runs of each")
     parser.add_argument("--limit", type=int, default=48, help="section 7's prompts (of --batching-task, default nq)")
+    parser.add_argument("--repeats", type=int, default=2, help="section 8's runs of each command")
     parser.add_argument(
         "--out",
         type=Path,
@@ -525,12 +572,13 @@ def main() -> None:
         "projection": "projection.json",
         "lm_eval": "lm_eval.json",
         "exact": "exact_batching.json",
+        "default_run": "default_run.json",
     }
     args.out = args.out or ROOT / "results/bench" / own_file.get(args.only, "decode.json")
     torch.set_num_threads(args.threads)
 
-    # section 6 loads the pair through the lm_eval model, which holds its own
-    ens = None if args.only == "lm_eval" else Ensemble.from_config(["smollm2_135m", "gemma3_270m"])
+    # section 6 loads the pair through the lm_eval model, which holds its own; section 8 runs run.py
+    ens = None if args.only in ("lm_eval", "default_run") else Ensemble.from_config(["smollm2_135m", "gemma3_270m"])
     scale = args.scale or (0.25 if args.quick else 1.0)
     record = {"threads": args.threads, "torch": torch.__version__, "python": platform.python_version()}
     if args.only in (None, "batching"):
@@ -609,6 +657,13 @@ def main() -> None:
             f"not exact batch 8: {exact['exact_8_over_not_exact_8']:.2f} (goal >= 0.9); identical to exact batch 1: "
             f"exact batch 8 {exact['identical_exact_8_to_exact_1']}/{exact['prompts']}, not exact batch 8 "
             f"{exact['identical_not_exact_8_to_exact_1']}/{exact['prompts']}"
+        )
+    if args.only == "default_run":
+        print("8. run.py's default command against each member alone (fresh processes, alternating)", flush=True)
+        record["default_run"] = run = compare_default_run(args.repeats)
+        print(
+            f"AdaFuse / (member 0 + member 1), best of {run['repeats']}: {run['ratio_of_best']:.2f} (goal <= 2.0); "
+            f"identical to results/grid: {run['identical_to_grid']} of {run['examples']}"
         )
     if args.only in (None, "singles"):
         print("1. every method vs the two single models (same prompts, interleaved)", flush=True)

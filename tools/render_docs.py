@@ -262,6 +262,33 @@ def exact(data: dict) -> str:
     return "\n\n".join([provenance("exact_batching.json", data), table(header, rows), notes])
 
 
+@renderer("default-run", "default_run.json")
+def default_run(data: dict) -> str:
+    """Section 8: run.py's default command against each member alone."""
+    run = data["default_run"]
+    labels = {"adafuse": "AdaFuse (the default)", "single_0": "SmolLM2 alone", "single_1": "Gemma-3 alone"}
+    header = ["`python run.py` +", "decode seconds, each run", "identical to results/grid"]
+    overrides = {
+        "adafuse": "",
+        "single_0": "`method=single method.member=0`",
+        "single_1": "`method=single method.member=1`",
+    }
+    rows = [
+        [
+            f"{labels[name]} {overrides[name]}".strip(),
+            ", ".join(f"{s:.1f}" for s in run["seconds"][name]),
+            f"{run['identical_to_grid'][name]}/{run['examples']}",
+        ]
+        for name in labels
+    ]
+    per_repeat = ", ".join(f"{r:.2f}" for r in run["ratio_per_repeat"])
+    notes = (
+        f"{run['examples']} NQ questions, each command a fresh process, alternating. AdaFuse ÷ (SmolLM2 + "
+        f"Gemma-3), best runs: **{run['ratio_of_best']:.2f}×** (goal ≤ 2.0×); each repeat: {per_repeat}."
+    )
+    return "\n\n".join([provenance("default_run.json", data), table(header, rows), notes])
+
+
 @renderer("singles-early-finish", "singles_early_finish.json")
 def singles_early_finish(data: dict) -> str:
     """Section 1 with early finish: AdaFuse and the two members only."""
