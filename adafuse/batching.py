@@ -301,7 +301,9 @@ class Scheduler:
             )
             by_weights: dict[int, list[PassPlan]] = {}
             for plan in plans:
-                by_weights.setdefault(id(by_slot[plan.slots[0]].member.model), []).append(plan)
+                member = by_slot[plan.slots[0]].member
+                by_weights.setdefault(id(member.model), []).append(plan)
+                self.counts.setdefault(member.name, PassCounts())  # in plan order: the report's model order
 
             def run_in_order(weights_plans: list[PassPlan]) -> None:
                 for plan in weights_plans:
