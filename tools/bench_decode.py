@@ -65,6 +65,7 @@ from adafuse.methods import METHODS
 from adafuse.session import Request
 from conf.compose import compose_run
 from conf.schema import DataConf
+from eval.results import read_predictions
 from eval.tasks import BESIDE_CHECKOUT, Task
 from oracles import reference
 
@@ -436,9 +437,9 @@ def compare_default_run(repeats: int) -> dict:
 
 def identical_to_grid(run_dir: Path, grid_dir: Path) -> tuple[int, int]:
     """(predictions equal to the committed grid run's, predictions) by example id."""
-    grid = {r["id"]: r["prediction"] for r in map(json.loads, (grid_dir / "predictions.jsonl").open())}
-    ours = [json.loads(line) for line in (run_dir / "predictions.jsonl").open()]
-    return sum(grid.get(r["id"]) == r["prediction"] for r in ours), len(ours)
+    grid = read_predictions(grid_dir / "predictions.jsonl")
+    ours = read_predictions(run_dir / "predictions.jsonl")
+    return sum(id_ in grid and grid[id_]["prediction"] == r["prediction"] for id_, r in ours.items()), len(ours)
 
 
 PROJECTION_ROWS = (1, 2, 3, 5, 8, 16, 32, 64)
