@@ -8,9 +8,13 @@ A `Request` is what the runner and the Python API hand to a method (as lm-evalua
 
 import copy
 import functools
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+
+import torch
 
 from adafuse.model import Member
 from adafuse.stopping import check_budget, cut_at_stop, stop_strings
@@ -36,6 +40,53 @@ class Request:
         if isinstance(prompt, Request):
             return replace(prompt, **fields) if fields else prompt
         return cls(prompt, **fields)
+
+
+# Threads kept for the whole process: each keeps its OpenMP team, which a new thread would start again
+_SIDE = ThreadPoolExecutor(max_workers=7, thread_name_prefix="adafuse-member")
+_ON_SIDE = threading.local()
+
+
+def side_by_side(tasks: list[Callable[[], object]]) -> list[object]:
+    """Run the tasks at once, the first on the calling thread and the others on threads kept for this, and
+    return their results in order; the first error, in task order, is raised once all have ended.
+
+    Unbatched, an example's members propose and score this way: each member's forward passes run while the
+    other's do, so one model's Python and memory reads overlap the other's multiplies (README: Speed). The
+    tasks touch only their own member's state, so the results are those of running them in turn. A task
+    that itself runs tasks side by side runs them in turn (no thread waits for a thread of the pool)."""
+    if len(tasks) < 2 or getattr(_ON_SIDE, "active", False):
+        return [task() for task in tasks]
+    threads, grad, inference = torch.get_num_threads(), torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+    def on_side(task: Callable[[], object]) -> object:
+        # A kept thread holds the thread count it started with, and a kernel's bits may depend on it
+        # (attention); grad and inference modes are per thread: each task runs in the caller's.
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        _ON_SIDE.active = True
+        try:
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                return task()
+        finally:
+            _ON_SIDE.active = False
+
+    others = [_SIDE.submit(on_side, task) for task in tasks[1:]]
+    results: list[object] = [None] * len(tasks)
+    errors: list[BaseException | None] = [None] * len(tasks)
+    try:
+        results[0] = on_side(tasks[0])
+    except BaseException as err:
+        errors[0] = err
+    for i, done in enumerate(others, start=1):
+        try:
+            results[i] = done.result()
+        except BaseException as err:
+            errors[i] = err
+    for err in errors:
+        if err is not None:
+            raise err
+    return results
 
 
 STOP_REASONS = ("stop", "eos", "length")  # a stop string, end-of-sequence, the token budget (Stats.stop_reason)
@@ -66,11 +117,12 @@ class Session:
         self._output_ids: list[list[int]] | None = None  # set by a method whose output ids are not all read
 
     def concurrently(self, tasks: list[Callable[[], object]]) -> list[object]:
-        """Run one task per member (or any tasks over the members' own state) and return their results in order.
-        In a batched run they run side by side (adafuse/batching.py `Scheduler.concurrently`), so the members'
-        forward passes are asked for in the same turn; unbatched, one after another. The results are the same."""
+        """Run one task per member (or any tasks over the members' own state) side by side and return their
+        results in order. In a batched run the members' forward passes are then asked for in the same turn
+        (adafuse/batching.py `Scheduler.concurrently`); unbatched, each runs on a thread of its own
+        (`side_by_side`). The results are those of running the tasks one after another."""
         scheduler = next((m.scheduler for m in self._members if m.scheduler is not None), None)
-        return [task() for task in tasks] if scheduler is None else scheduler.concurrently(tasks)
+        return side_by_side(tasks) if scheduler is None else scheduler.concurrently(tasks)
 
     @property
     def members(self) -> list[Member]:

@@ -1,8 +1,12 @@
 """The Session's API on a real member: the only way a method changes G, the stop reason, the statistics
 and the trace (tests/unit/test_seams.py holds every method to it)."""
 
+import threading
+import time
+
 import pytest
 
+from adafuse import session
 from adafuse.session import Request, Session
 
 
@@ -42,3 +46,52 @@ def test_a_solo_session_starts_from_nothing_on_the_same_request(tiny):
     assert (alone.text, alone.rounds, alone.done) == ("", 0, False)
     assert alone.finish().trace.prompt_ids == [list(tiny.members[1].ids)]
     assert s.text == " 4" and s.done
+
+
+def test_unbatched_members_propose_and_score_on_threads_of_their_own(tiny, monkeypatch):
+    """Unbatched, AdaFuse's members run side by side (`side_by_side`): the second member's passes run on a
+    thread of its own, and the generation (text, ids, every score of the trace) is the one of running them in turn."""
+    prompt = "Question: What is the capital of France?\nAnswer:"
+    threads = {m.name: set() for m in tiny.members}
+    for m in tiny.members:
+        forward = m.forward_alone
+
+        def spy(*args, _forward=forward, _name=m.name, **kwargs):
+            threads[_name].add(threading.get_ident())
+            return _forward(*args, **kwargs)
+
+        monkeypatch.setattr(m, "forward_alone", spy)
+    tiny.decode(prompt, max_new_tokens=1)  # both runs below then find the prompt stored, and read its last token
+    together = tiny.decode(prompt, stop=["\n"], max_new_tokens=8, trace=True)
+    smol_threads, gemma_threads = threads.values()
+    # the first task runs on the caller; a task alone (one member left to finish its proposal) too
+    assert smol_threads == {threading.get_ident()} and gemma_threads - {threading.get_ident()}
+    monkeypatch.setattr(session, "side_by_side", lambda tasks: [task() for task in tasks])
+    in_turn = tiny.decode(prompt, stop=["\n"], max_new_tokens=8, trace=True)
+    assert (together.text, together.ids) == (in_turn.text, in_turn.ids)
+    assert [[c.scores for c in r.candidates] for r in together.trace.rounds] == [
+        [c.scores for c in r.candidates] for r in in_turn.trace.rounds
+    ]
+
+
+def test_side_by_side_runs_tasks_at_once_returns_in_order_and_raises_the_first_error_last():
+    meet = threading.Barrier(3, timeout=10)  # passes only if three tasks wait at the same time
+    assert session.side_by_side([lambda i=i: meet.wait() is not None and i for i in range(3)]) == [0, 1, 2]
+    ended = []
+
+    def failing(message):
+        time.sleep(0.05)
+        ended.append(message)
+        raise ValueError(message)
+
+    with pytest.raises(ValueError, match="first"):
+        session.side_by_side([lambda: failing("first"), lambda: failing("second"), lambda: ended.append("ok")])
+    assert sorted(ended) == ["first", "ok", "second"]  # every task ended before the error was raised
+
+
+def test_a_task_that_runs_tasks_side_by_side_runs_them_in_turn():
+    """No pool thread ever waits for another: nested tasks run on the thread that asked for them."""
+    outer = session.side_by_side(
+        [lambda: session.side_by_side([threading.get_ident, threading.get_ident]) for _ in range(8)]
+    )
+    assert all(len(set(inner)) == 1 for inner in outer)
