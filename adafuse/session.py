@@ -8,6 +8,7 @@ A `Request` is what the runner and the Python API hand to a method (as lm-evalua
 
 import copy
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -42,9 +43,20 @@ class Request:
         return cls(prompt, **fields)
 
 
-# Threads kept for the whole process: each keeps its OpenMP team, which a new thread would start again
-_SIDE = ThreadPoolExecutor(max_workers=7, thread_name_prefix="adafuse-member")
+_SIDE: dict[int, ThreadPoolExecutor] = {}  # process id -> its threads (a forked child has none of its parent's)
+_SIDE_LOCK = threading.Lock()
 _ON_SIDE = threading.local()
+
+
+def _side_threads() -> ThreadPoolExecutor:
+    """This process's threads for `side_by_side`, kept: each keeps its OpenMP team, which a new thread
+    would start again."""
+    with _SIDE_LOCK:
+        pid = os.getpid()
+        if pid not in _SIDE:
+            _SIDE.clear()
+            _SIDE[pid] = ThreadPoolExecutor(max_workers=7, thread_name_prefix="adafuse-member")
+        return _SIDE[pid]
 
 
 def side_by_side(tasks: list[Callable[[], object]]) -> list[object]:
@@ -71,7 +83,7 @@ def side_by_side(tasks: list[Callable[[], object]]) -> list[object]:
         finally:
             _ON_SIDE.active = False
 
-    others = [_SIDE.submit(on_side, task) for task in tasks[1:]]
+    others = [_side_threads().submit(on_side, task) for task in tasks[1:]]
     results: list[object] = [None] * len(tasks)
     errors: list[BaseException | None] = [None] * len(tasks)
     try:

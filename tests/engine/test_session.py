@@ -1,6 +1,8 @@
 """The Session's API on a real member: the only way a method changes G, the stop reason, the statistics
 and the trace (tests/unit/test_seams.py holds every method to it)."""
 
+import os
+import signal
 import threading
 import time
 
@@ -95,3 +97,24 @@ def test_a_task_that_runs_tasks_side_by_side_runs_them_in_turn():
         [lambda: session.side_by_side([threading.get_ident, threading.get_ident]) for _ in range(8)]
     )
     assert all(len(set(inner)) == 1 for inner in outer)
+
+
+def test_a_forked_child_runs_tasks_side_by_side_on_threads_of_its_own():
+    """A child forked after the parent ran tasks side by side has none of the parent's threads: it must not
+    hand its tasks to them (they would never run)."""
+    assert session.side_by_side([lambda: 1, lambda: 2]) == [1, 2]
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if two tasks met at once on its own threads
+        try:
+            meet = threading.Barrier(2, timeout=10)
+            os._exit(0 if session.side_by_side([meet.wait, meet.wait]) is not None else 1)
+        except BaseException:
+            os._exit(1)
+    deadline = time.monotonic() + 30
+    while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if waited[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the child's tasks never ran: they waited for threads it does not have")
+    assert os.waitstatus_to_exitcode(waited[1]) == 0
