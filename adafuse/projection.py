@@ -23,8 +23,9 @@ kernels by shape, and the tiles of adafuse/invariance.py already fix that shape.
 import functools
 
 import torch
+import torch.nn.functional as F
 
-from adafuse.invariance import multiply_in_tiles, only_live, pad_to_tiles
+from adafuse.invariance import multiply_in_tiles, one_call_is_tiled, only_live, pad_to_tiles
 
 BLOCK_ROWS = 512
 MIN_HIDDEN = 256
@@ -47,13 +48,28 @@ def _blocked(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _blocked_rows(head: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
-    weight, bias, rows = head.weight, head.bias, flat.shape[0]
-    blocks = [
-        (weight[i : i + BLOCK_ROWS], None if bias is None else bias[i : i + BLOCK_ROWS])
-        for i in range(0, weight.shape[0], BLOCK_ROWS)
-    ]
-    padded = {}  # block shape -> the rows padded to its tiles (every block but perhaps the last: one shape)
-    for w, b in blocks:
+    rows = flat.shape[0]
+    # block shape -> the rows padded to its tiles, and whether one call keeps their bits: every block of a
+    # shape is one kernel (all but perhaps the last block share one), probed once, not once per block
+    padded: dict[torch.Size, tuple[torch.Tensor, bool]] = {}
+    outputs = []
+    for w, b in _blocks(head):
         if w.shape not in padded:
-            padded[w.shape] = pad_to_tiles(flat, w, b)
-    return torch.cat([multiply_in_tiles(padded[w.shape], w, b)[:rows] for w, b in blocks], dim=-1)
+            x = pad_to_tiles(flat, w, b)
+            padded[w.shape] = x, one_call_is_tiled(w, b, x.shape[0])
+        x, whole = padded[w.shape]
+        outputs.append(F.linear(x, w, b) if whole else multiply_in_tiles(x, w, b))
+    return torch.cat([out[:rows] for out in outputs], dim=-1)
+
+
+def _blocks(head: torch.nn.Linear) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """The head's row blocks (views of its weight and bias), made once for the weight it holds now."""
+    weight, bias = head.weight, head.bias
+    kept = getattr(head, "_adafuse_blocks", None)
+    if kept is None or kept[0] is not weight or kept[1] is not bias:
+        blocks = [
+            (weight[i : i + BLOCK_ROWS], None if bias is None else bias[i : i + BLOCK_ROWS])
+            for i in range(0, weight.shape[0], BLOCK_ROWS)
+        ]
+        kept = head._adafuse_blocks = (weight, bias, blocks)
+    return kept[2]
