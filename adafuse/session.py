@@ -64,7 +64,7 @@ def side_by_side(tasks: list[Callable[[], object]]) -> list[object]:
     return their results in order; the first error, in task order, is raised once all have ended.
 
     Unbatched, an example's members propose and score this way: each member's forward passes run while the
-    other's do, so one model's Python and memory reads overlap the other's multiplies (README: Speed). The
+    other's do, so one model's Python and memory reads overlap the other's multiplies (docs/speed.md). The
     tasks touch only their own member's state, so the results are those of running them in turn. A task
     that itself runs tasks side by side runs them in turn (no thread waits for a thread of the pool)."""
     if len(tasks) < 2 or getattr(_ON_SIDE, "active", False):
