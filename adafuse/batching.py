@@ -39,7 +39,8 @@ The whole story, in the order it happens:
    splits a pass whose padded copies and logits would not fit the memory budget (`pass_bytes`); one
    that cannot fit even alone is `BatchMemoryError`, raised while planning, before any pass of that
    round runs. An example's members run side by side (`Scheduler.concurrently`), so their requests
-   wait in the same turn, and a turn runs each model's passes on a thread of its own.
+   wait in the same turn, and a turn runs each model's passes on a thread of its own, each on its share
+   of the cores (adafuse/cores.py).
 
 6. Endings. An exception in a worker, or a caller that stops iterating, ends the run: the scheduler
    is closed, every waiting request and every later one fails with `Cancelled`, and every worker
@@ -56,6 +57,7 @@ from dataclasses import asdict, dataclass, field
 import psutil
 import torch
 
+from adafuse.cores import CoreShare
 from adafuse.errors import BatchMemoryError
 from adafuse.merged_pass import Resident, can_merge_exactly, forward_together
 from adafuse.model import Member
@@ -305,12 +307,16 @@ class Scheduler:
                 by_weights.setdefault(id(member.model), []).append(plan)
                 self.counts.setdefault(member.name, PassCounts())  # in plan order: the report's model order
 
+            share = CoreShare(len(by_weights))
+
             def run_in_order(weights_plans: list[PassPlan]) -> None:
-                for plan in weights_plans:
-                    self.run_pass(plan, [by_slot[slot] for slot in plan.slots])
+                with share.joined():
+                    for plan in weights_plans:
+                        self.run_pass(plan, [by_slot[slot] for slot in plan.slots])
 
             # Each model's passes in plan order; different models' passes side by side (threads), so that one
-            # model's Python overlaps the other's multiplies. No pass reads what another model's pass writes.
+            # model's Python overlaps the other's multiplies, each on its share of the cores (adafuse/cores.py).
+            # No pass reads what another model's pass writes.
             for done in [self.pool.submit(run_in_order, group) for group in by_weights.values()]:
                 done.result()
         finally:  # a round that could not be planned (BatchMemoryError) leaves no worker waiting

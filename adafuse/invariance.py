@@ -27,7 +27,8 @@ So:
    multiplied in one call, which is what a merged pass costs without exactness; otherwise tile by tile.
    The tile size is probed once per device, dtype, weight shape and thread count (`tile_rows`); on
    this CPU it is 4 rows in float32 (MKL's kernel for 4 or more rows, with no row-count-dependent
-   split) and 1 or 2 in bfloat16.
+   split) and 1 or 2 in bfloat16. A thread that shares the cores with another (adafuse/cores.py)
+   multiplies on fewer MKL threads only where a probe shows the same bits (`linear`).
 
 The tiles change the canonical computation itself: a pass of one row is multiplied as a tile of
 `tile_rows` rows (one real, the rest zeros), not by the one-row kernel, in every pass of a member,
@@ -58,6 +59,8 @@ from transformers.masking_utils import (
     create_sliding_window_causal_mask,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from adafuse.cores import blas_threads, mkl_threads
 
 PREFIX = "adafuse-split-"  # the wrapped attention implementation's name: PREFIX + the original's
 TILE_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # row tiles tried, fewest first (a GPU may need large ones)
@@ -240,8 +243,18 @@ def multiply_in_tiles(padded: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     paper pair in shape in bfloat16 one request of 64 still came out a bfloat16 step apart, so a probe
     of a part of a larger pass is not trusted.)"""
     if one_call_is_tiled(weight, bias, padded.shape[0]):
-        return F.linear(padded, weight, bias)
-    return torch.cat([F.linear(tile, weight, bias) for tile in padded.split(tile_rows(weight, bias))])
+        return linear(padded, weight, bias)
+    return torch.cat([linear(tile, weight, bias) for tile in padded.split(tile_rows(weight, bias))])
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(x, weight, bias) on the calling thread's share of the cores (adafuse/cores.py), where a
+    probe shows that the fewer threads give the same bits (`fewer_threads_keep_bits`); else on all."""
+    threads = blas_threads() if weight.device.type == "cpu" and weight.dtype in _MKL_DTYPES else None
+    if threads is not None and not fewer_threads_keep_bits(weight, bias, x.shape[0], threads):
+        threads = None
+    with mkl_threads(threads):
+        return F.linear(x, weight, bias)
 
 
 def _kernel_key(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
@@ -258,6 +271,8 @@ def _kernel_key(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
 
 _TILE_ROWS: dict[tuple, int] = {}  # kernel key -> the rows of its tile
 _ONE_CALL: dict[tuple, bool] = {}  # (kernel key, padded rows) -> does one call give every tile's bits?
+_FEWER_THREADS: dict[tuple, bool] = {}  # (kernel key, rows, MKL threads) -> the bits of all threads?
+_MKL_DTYPES = (torch.float32, torch.float64)  # the CPU multiplies MKL runs (bfloat16 runs in oneDNN)
 
 
 def tile_rows(weight: torch.Tensor, bias: torch.Tensor | None) -> int:
@@ -293,6 +308,19 @@ def one_call_is_tiled(weight: torch.Tensor, bias: torch.Tensor | None, padded_ro
             x = _probe_input(padded_rows, weight, seed=padded_rows)
             _ONE_CALL[key] = torch.equal(F.linear(x, weight, bias), _tile_by_tile(x, weight, bias, tile))
     return _ONE_CALL[key]
+
+
+def fewer_threads_keep_bits(weight: torch.Tensor, bias: torch.Tensor | None, rows: int, threads: int) -> bool:
+    """Does a multiply of `rows` rows on `threads` MKL threads give the bits it gets on all of them? Probed
+    once per kernel key, row count and thread count, on first use."""
+    key = (_kernel_key(weight, bias), rows, threads)
+    if key not in _FEWER_THREADS:
+        with torch.inference_mode():
+            x = _probe_input(rows, weight, seed=rows)
+            with mkl_threads(threads):
+                fewer = F.linear(x, weight, bias)
+            _FEWER_THREADS[key] = torch.equal(fewer, F.linear(x, weight, bias))
+    return _FEWER_THREADS[key]
 
 
 def _probe_input(rows: int, weight: torch.Tensor, seed: int) -> torch.Tensor:

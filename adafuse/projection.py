@@ -23,9 +23,8 @@ kernels by shape, and the tiles of adafuse/invariance.py already fix that shape.
 import functools
 
 import torch
-import torch.nn.functional as F
 
-from adafuse.invariance import multiply_in_tiles, one_call_is_tiled, only_live, pad_to_tiles
+from adafuse.invariance import linear, multiply_in_tiles, one_call_is_tiled, only_live, pad_to_tiles
 
 BLOCK_ROWS = 512
 MIN_HIDDEN = 256
@@ -58,7 +57,7 @@ def _blocked_rows(head: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
             x = pad_to_tiles(flat, w, b)
             padded[w.shape] = x, one_call_is_tiled(w, b, x.shape[0])
         x, whole = padded[w.shape]
-        outputs.append(F.linear(x, w, b) if whole else multiply_in_tiles(x, w, b))
+        outputs.append(linear(x, w, b) if whole else multiply_in_tiles(x, w, b))
     return torch.cat([out[:rows] for out in outputs], dim=-1)
 
 

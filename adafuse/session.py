@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from adafuse.cores import CoreShare
 from adafuse.model import Member
 from adafuse.stopping import check_budget, cut_at_stop, stop_strings
 from adafuse.trace import Generation, RoundTrace, Stats, Trace
@@ -70,6 +71,7 @@ def side_by_side(tasks: list[Callable[[], object]]) -> list[object]:
     if len(tasks) < 2 or getattr(_ON_SIDE, "active", False):
         return [task() for task in tasks]
     threads, grad, inference = torch.get_num_threads(), torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    share = CoreShare(len(tasks))
 
     def on_side(task: Callable[[], object]) -> object:
         # A kept thread holds the thread count it started with, and a kernel's bits may depend on it
@@ -78,7 +80,7 @@ def side_by_side(tasks: list[Callable[[], object]]) -> list[object]:
             torch.set_num_threads(threads)
         _ON_SIDE.active = True
         try:
-            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad), share.joined():
                 return task()
         finally:
             _ON_SIDE.active = False

@@ -1,0 +1,97 @@
+"""Threads side by side share the cores in their multiplies (adafuse/cores.py), and no bit changes."""
+
+import ctypes
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from adafuse import cores, invariance
+from adafuse.cores import CoreShare, blas_threads, mkl_threads
+
+PROMPTS = [
+    "Question: What is the capital of France?\nAnswer:",
+    "Question: Who wrote Hamlet?\nAnswer:",
+    "Question: How many legs does a spider have?\nAnswer:",
+]
+
+
+@pytest.fixture(scope="module")
+def mkl(require):
+    """MKL's own count of the calling thread's threads; the torch wheels this project installs link MKL."""
+    require(cores._SET_LOCAL is not None, "MKL's per-thread thread count (a torch build with MKL)")
+    library = next((Path(torch.__file__).parent / "lib").glob("libtorch_cpu.*"))
+    count = ctypes.CDLL(str(library)).mkl_get_max_threads
+    count.restype = ctypes.c_int
+    return count
+
+
+def test_each_thread_of_a_share_multiplies_on_its_part_of_the_cores_and_the_last_one_on_all(mkl):
+    threads = torch.get_num_threads()
+    both_in, first_left = threading.Barrier(2, timeout=10), threading.Event()
+    seen = {}
+
+    def first(share):
+        with share.joined():
+            both_in.wait()
+            seen["first"] = blas_threads()
+        first_left.set()
+
+    def second(share):
+        with share.joined():
+            both_in.wait()
+            seen["second"] = blas_threads()
+            first_left.wait(10)
+            seen["alone"] = blas_threads()
+        seen["after"] = blas_threads()
+
+    share = CoreShare(2)
+    runs = [threading.Thread(target=f, args=(share,)) for f in (first, second)]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    assert seen == {"first": max(1, threads // 2), "second": max(1, threads // 2), "alone": None, "after": None}
+    assert blas_threads() is None  # a thread outside any share
+    before = mkl()
+    with mkl_threads(1):
+        assert mkl() == 1
+    assert mkl() == before
+
+
+def test_a_batched_decode_multiplies_on_one_thread_per_model_and_keeps_every_bit(tiny, monkeypatch):
+    """Both models' passes of a turn run side by side, each multiply on its share of the cores; the outputs
+    and every score of the trace equal the run where every multiply uses all the cores."""
+    tiny.decode_batch(PROMPTS, max_new_tokens=1, batch_size=3)  # both runs below then read the prompts alike
+    counts = []
+    monkeypatch.setattr(invariance, "mkl_threads", lambda count: counts.append(count) or mkl_threads(count))
+    shared = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=8, trace=True, batch_size=3)
+    if torch.get_num_threads() > 1:
+        assert 1 in counts  # some multiplies ran on one thread while the other model's pass ran
+    monkeypatch.setattr(cores, "_SET_LOCAL", None)
+    counts.clear()
+    every_core = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=8, trace=True, batch_size=3)
+    assert set(counts) == {None}
+    for a, b in zip(shared, every_core):
+        assert (a.text, a.ids) == (b.text, b.ids)
+        assert [[c.scores for c in r.candidates] for r in a.trace.rounds] == [
+            [c.scores for c in r.candidates] for r in b.trace.rounds
+        ]
+
+
+def test_a_multiply_whose_bits_change_with_its_threads_runs_on_all_of_them(monkeypatch):
+    weight, x = torch.randn(8, 32), torch.randn(4, 32)
+    counts = []
+    monkeypatch.setattr(invariance, "mkl_threads", lambda count: counts.append(count) or mkl_threads(count))
+    monkeypatch.setattr(cores, "_SET_LOCAL", lambda count: 0)  # a share is in force even without MKL
+    share = CoreShare(2)  # the other thread of the share never leaves: this one multiplies on its part
+    with share.joined():
+        threads = blas_threads()
+        key = (invariance._kernel_key(weight, None), 4, threads)
+        monkeypatch.setitem(invariance._FEWER_THREADS, key, False)
+        assert torch.equal(invariance.linear(x, weight, None), F.linear(x, weight))
+        monkeypatch.setitem(invariance._FEWER_THREADS, key, True)
+        invariance.linear(x, weight, None)
+    assert counts == [None, threads]
