@@ -17,7 +17,9 @@ nothing changes.
 
 import contextlib
 import ctypes
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -40,6 +42,20 @@ def _mkl_local_threads():
 
 _SET_LOCAL = _mkl_local_threads()
 _JOINED = threading.local()  # .share: the CoreShare the calling thread runs in, if any
+_KEPT: dict[tuple[str, int], ThreadPoolExecutor] = {}  # (purpose, process id) -> its threads
+_KEPT_LOCK = threading.Lock()
+
+
+def kept_threads(purpose: str, workers: int) -> ThreadPoolExecutor:
+    """This process's threads for `purpose`, made once and kept: each keeps its OpenMP team, which a new
+    thread would start again. A forked child makes its own (its parent's threads are not in it)."""
+    with _KEPT_LOCK:
+        key = (purpose, os.getpid())
+        if key not in _KEPT:
+            for stale in [k for k in _KEPT if k[1] != key[1]]:
+                del _KEPT[stale]
+            _KEPT[key] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"adafuse-{purpose}")
+        return _KEPT[key]
 
 
 class CoreShare:
@@ -60,6 +76,16 @@ class CoreShare:
             _JOINED.share = outer
             with self.lock:
                 self.running -= 1
+
+
+def can_share() -> bool:
+    """Can a thread's MKL multiplies be limited to its share of the cores (MKL, and its per-thread count)?"""
+    return _SET_LOCAL is not None
+
+
+def free_cores() -> int:
+    """The cores the calling thread may use now: its share's, or all of them (the torch thread count)."""
+    return blas_threads() or torch.get_num_threads()
 
 
 def blas_threads() -> int | None:

@@ -13,6 +13,11 @@ Each block is multiplied in row tiles like every other linear layer (adafuse/inv
 kernel. A blocked head is blocked for every number of rows, one included, so that a row's logits never
 depend on how many rows its pass had (blocks of a different shape would be another kernel).
 
+MKL does not divide a multiply of a few rows between threads, so with a core to spare (a model decoding
+alone, or the other model's pass of the turn over: adafuse/cores.py) a kept thread takes blocks too, each
+thread on one MKL thread, where a probe shows that one thread gives a block its bits. Which thread
+multiplies a block never changes its bits.
+
 Heads where blocks cost more than they save keep one multiply (README: Speed, the figures): bfloat16
 ones, whose CPU kernels were slower in blocks at every size measured, Gemma-3's real head included; and
 heads with a narrow inner dimension (under `MIN_HIDDEN`: the tests' tiny models), where each block is
@@ -21,13 +26,23 @@ kernels by shape, and the tiles of adafuse/invariance.py already fix that shape.
 """
 
 import functools
+import itertools
 
 import torch
 
-from adafuse.invariance import linear, multiply_in_tiles, one_call_is_tiled, only_live, pad_to_tiles
+from adafuse import cores
+from adafuse.invariance import (
+    fewer_threads_keep_bits,
+    linear,
+    multiply_in_tiles,
+    one_call_is_tiled,
+    only_live,
+    pad_to_tiles,
+)
 
 BLOCK_ROWS = 512
 MIN_HIDDEN = 256
+HELPER_CHECK = 16  # blocks between two looks for a free core (the other model's pass may end meanwhile)
 
 
 def block_output_projection(model) -> None:
@@ -47,18 +62,65 @@ def _blocked(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _blocked_rows(head: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
-    rows = flat.shape[0]
+    rows, blocks = flat.shape[0], _blocks(head)
     # block shape -> the rows padded to its tiles, and whether one call keeps their bits: every block of a
     # shape is one kernel (all but perhaps the last block share one), probed once, not once per block
     padded: dict[torch.Size, tuple[torch.Tensor, bool]] = {}
-    outputs = []
-    for w, b in _blocks(head):
+    for w, b in blocks:
         if w.shape not in padded:
             x = pad_to_tiles(flat, w, b)
             padded[w.shape] = x, one_call_is_tiled(w, b, x.shape[0])
+    out = flat.new_empty(rows, head.weight.shape[0])
+
+    def multiply(i: int) -> None:
+        w, b = blocks[i]
         x, whole = padded[w.shape]
-        outputs.append(linear(x, w, b) if whole else multiply_in_tiles(x, w, b))
-    return torch.cat([out[:rows] for out in outputs], dim=-1)
+        product = linear(x, w, b) if whole else multiply_in_tiles(x, w, b)
+        out[:, i * BLOCK_ROWS : i * BLOCK_ROWS + w.shape[0]] = product[:rows]
+
+    if _shares_blocks(blocks, padded):
+        _multiply_on_free_cores(len(blocks), multiply)
+    else:
+        for i in range(len(blocks)):
+            multiply(i)
+    return out
+
+
+def _shares_blocks(blocks, padded) -> bool:
+    """May the blocks be multiplied by several threads at once, each on one MKL thread? Where MKL's count
+    can be set per thread and one thread gives every block its bits (probed per block shape)."""
+    return cores.can_share() and all(
+        whole and fewer_threads_keep_bits(w, b, x.shape[0], 1)
+        for w, b in {w.shape: (w, b) for w, b in blocks}.values()
+        for x, whole in [padded[w.shape]]
+    )
+
+
+def _multiply_on_free_cores(count: int, multiply) -> None:
+    """multiply(0) ... multiply(count - 1), each once, in any order: on the calling thread, joined by a kept
+    thread while the caller has a core to spare (its own share of the cores and a free one: when a model
+    runs alone, or the other model of its turn has ended), each on one MKL thread. Blocks are taken one at
+    a time, so a helper that joins late takes only what is left; one that never got to start is not waited for."""
+    taken = itertools.count()  # next() on it is atomic under the GIL: each block is taken once
+    inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+
+    def take() -> None:
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad), cores.mkl_threads(1):
+            for i in iter(lambda: next(taken), None):
+                if i >= count:
+                    return
+                multiply(i)
+
+    helper = None
+    with cores.mkl_threads(1):
+        for i in iter(lambda: next(taken), None):
+            if i >= count:
+                break
+            if helper is None and i % HELPER_CHECK == 0 and cores.free_cores() > 1:
+                helper = cores.kept_threads("projection", 1).submit(take)
+            multiply(i)
+    if helper is not None and not helper.cancel():
+        helper.result()
 
 
 def _blocks(head: torch.nn.Linear) -> list[tuple[torch.Tensor, torch.Tensor | None]]:

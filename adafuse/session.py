@@ -8,16 +8,14 @@ A `Request` is what the runner and the Python API hand to a method (as lm-evalua
 
 import copy
 import functools
-import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import torch
 
-from adafuse.cores import CoreShare
+from adafuse.cores import CoreShare, kept_threads
 from adafuse.model import Member
 from adafuse.stopping import check_budget, cut_at_stop, stop_strings
 from adafuse.trace import Generation, RoundTrace, Stats, Trace
@@ -44,20 +42,7 @@ class Request:
         return cls(prompt, **fields)
 
 
-_SIDE: dict[int, ThreadPoolExecutor] = {}  # process id -> its threads (a forked child has none of its parent's)
-_SIDE_LOCK = threading.Lock()
 _ON_SIDE = threading.local()
-
-
-def _side_threads() -> ThreadPoolExecutor:
-    """This process's threads for `side_by_side`, kept: each keeps its OpenMP team, which a new thread
-    would start again."""
-    with _SIDE_LOCK:
-        pid = os.getpid()
-        if pid not in _SIDE:
-            _SIDE.clear()
-            _SIDE[pid] = ThreadPoolExecutor(max_workers=7, thread_name_prefix="adafuse-member")
-        return _SIDE[pid]
 
 
 def side_by_side(tasks: list[Callable[[], object]]) -> list[object]:
@@ -85,7 +70,7 @@ def side_by_side(tasks: list[Callable[[], object]]) -> list[object]:
         finally:
             _ON_SIDE.active = False
 
-    others = [_side_threads().submit(on_side, task) for task in tasks[1:]]
+    others = [kept_threads("member", 7).submit(on_side, task) for task in tasks[1:]]
     results: list[object] = [None] * len(tasks)
     errors: list[BaseException | None] = [None] * len(tasks)
     try:

@@ -3,42 +3,57 @@ bits as one F.linear over the whole matrix with the same (tile-padded) rows, for
 decoder gives it, inside a merged pass too; and only where blocks pay: float32 heads of a wide hidden
 size, on the CPU."""
 
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from adafuse import cores
 from adafuse.invariance import pad_to_tiles
 from adafuse.model import Member
 from adafuse.projection import BLOCK_ROWS, MIN_HIDDEN, block_output_projection
 
 
-class BlockCount(TorchFunctionMode):
-    """Counts the multiplies by one block of a weight of `vocab` rows, and by the whole of it."""
+class BlockCount:
+    """Counts the multiplies by one block of a weight of `vocab` rows, and by the whole of it, on every thread
+    (a kept thread may take some of a multiply's blocks: adafuse/projection.py), and the threads of the blocks."""
 
     def __init__(self, vocab: int):
-        super().__init__()
-        self.vocab, self.blocks, self.whole = vocab, 0, 0
+        self.vocab, self.blocks, self.whole, self.threads = vocab, 0, 0, set()
         self.per_multiply = -(-vocab // BLOCK_ROWS)  # the blocks of one blocked multiply
+        self.lock = threading.Lock()
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is F.linear:
-            rows = args[1].shape[0]
-            self.blocks += rows == BLOCK_ROWS
-            self.whole += rows == self.vocab
-        return func(*args, **(kwargs or {}))
+    def __enter__(self) -> "BlockCount":
+        self.linear = F.linear
+
+        def counting(x, weight, bias=None):
+            with self.lock:
+                if weight.shape[0] == BLOCK_ROWS:
+                    self.blocks += 1
+                    self.threads.add(threading.get_ident())
+                self.whole += weight.shape[0] == self.vocab
+            return self.linear(x, weight, bias)
+
+        F.linear = counting
+        return self
+
+    def __exit__(self, *exc) -> None:
+        F.linear = self.linear
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("index", [0, 1], ids=["smollm2", "gemma3"])
 def test_the_blocked_projection_gives_the_bits_of_one_multiply(tiny, index):
     """For every number of rows, one included: the bits of one F.linear over the whole matrix with the
-    same rows, padded to the blocks' row tiles (adafuse/invariance.py), and blocks every time."""
+    same rows, padded to the blocks' row tiles (adafuse/invariance.py), and blocks every time, shared
+    with a kept thread where a core is free."""
     head = tiny.members[index].model.get_output_embeddings()
     vocab, hidden = head.weight.shape
     assert head._adafuse_blocked  # every Member blocks its model's head on the CPU
     generator = torch.Generator().manual_seed(index)
+    threads = set()  # the threads that multiplied blocks
     for shape in [(1, 1), (1, 2), (3, 1), (1, 5), (2, 4), (1, 33), (4, 32), (1, 129)]:
         x = torch.randn(*shape, hidden, generator=generator)
         head(x)  # the first multiply of a row count probes its tiles (adafuse/invariance.py)
@@ -48,6 +63,9 @@ def test_the_blocked_projection_gives_the_bits_of_one_multiply(tiny, index):
         padded = pad_to_tiles(x.reshape(rows, hidden), head.weight[:BLOCK_ROWS], None)
         assert torch.equal(got.reshape(rows, vocab), F.linear(padded, head.weight, head.bias)[:rows]), shape
         assert (count.blocks, count.whole) == (count.per_multiply, 0), shape
+        threads |= count.threads
+    if cores.can_share() and torch.get_num_threads() > 1:  # a core to spare: a kept thread took blocks
+        assert len(threads) == 2
 
 
 @pytest.mark.slow
