@@ -19,7 +19,8 @@
    and the two single models: wall time per example, the speed-up over their code (goal >= 10x), and
    their `pred` against ours (identical).
 5. `--only projection`: each bundled model's vocabulary projection, multiplied in blocks of its weight's
-   rows (adafuse/projection.py) against one F.linear, interleaved, for 1-64 rows: time and identical bits.
+   rows (adafuse/projection.py) against one F.linear, interleaved, for 1-64 rows: time, and identical bits
+   to one F.linear of the rows padded to the blocks' row tiles (the canonical multiply).
 6. `--only lm_eval`: the same 48 NQ prompts decoded by AdaFuse through lm-evaluation-harness
    (`simple_evaluate` with our `adafuse` model and the task eval/lm_tasks.py writes) and as the runner
    decodes them (`Ensemble.decode_stream`), at the same batch size, alternating which goes first: wall
@@ -61,7 +62,9 @@ import torch.nn.functional as F
 from adafuse import AdaFuseConfig, Ensemble
 from adafuse.batching import Scheduler, decode_many
 from adafuse.ensemble import resolve_method
+from adafuse.invariance import pad_to_tiles
 from adafuse.methods import METHODS
+from adafuse.projection import BLOCK_ROWS
 from adafuse.session import Request
 from conf.compose import compose_run
 from conf.schema import DataConf
@@ -468,10 +471,18 @@ def compare_projection(ens: Ensemble, repeats: int) -> dict:
                 "blocked_ms": 1000 * best["blocked"],
                 "f_linear_ms": 1000 * best["f_linear"],
                 "speedup": best["f_linear"] / best["blocked"],
-                "identical": torch.equal(ways["blocked"](x), ways["f_linear"](x)),
+                "identical": torch.equal(ways["blocked"](x), one_multiply_in_tiles(head, x)),
             }
         record[member.name] = {"vocab": head.out_features, "hidden": head.in_features, "rows": rows_record}
     return record
+
+
+def one_multiply_in_tiles(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """The canonical logits the blocked projection must give: one F.linear over the whole matrix, the rows
+    padded to the blocks' row tiles (adafuse/invariance.py), as tests/engine/test_projection.py checks."""
+    bias = None if head.bias is None else head.bias[:BLOCK_ROWS]
+    padded = pad_to_tiles(x, head.weight[:BLOCK_ROWS], bias)
+    return F.linear(padded, head.weight, head.bias)[: x.shape[0]]
 
 
 def compare_with_lm_eval(data_dir: Path, count: int, batch_size: int, repeats: int) -> dict:
