@@ -63,37 +63,30 @@ def _blocked(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def _blocked_rows(head: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
     rows, blocks = flat.shape[0], _blocks(head)
-    # block shape -> the rows padded to its tiles, and whether one call keeps their bits: every block of a
-    # shape is one kernel (all but perhaps the last block share one), probed once, not once per block
-    padded: dict[torch.Size, tuple[torch.Tensor, bool]] = {}
+    # block shape -> the rows padded to its tiles, whether one call keeps their bits, and whether one MKL
+    # thread does: every block of a shape is one kernel (all but perhaps the last block share one), probed
+    # once, not once per block
+    padded: dict[torch.Size, tuple[torch.Tensor, bool, bool]] = {}
     for w, b in blocks:
         if w.shape not in padded:
             x = pad_to_tiles(flat, w, b)
-            padded[w.shape] = x, one_call_is_tiled(w, b, x.shape[0])
+            whole = one_call_is_tiled(w, b, x.shape[0])
+            one_thread = cores.can_share() and whole and fewer_threads_keep_bits(w, b, x.shape[0], 1)
+            padded[w.shape] = x, whole, one_thread
     out = flat.new_empty(rows, head.weight.shape[0])
 
     def multiply(i: int) -> None:
         w, b = blocks[i]
-        x, whole = padded[w.shape]
+        x, whole, _ = padded[w.shape]
         product = linear(x, w, b) if whole else multiply_in_tiles(x, w, b)
         out[:, i * BLOCK_ROWS : i * BLOCK_ROWS + w.shape[0]] = product[:rows]
 
-    if _shares_blocks(blocks, padded):
+    if all(one_thread for _, _, one_thread in padded.values()):
         _multiply_on_free_cores(len(blocks), multiply)
     else:
         for i in range(len(blocks)):
             multiply(i)
     return out
-
-
-def _shares_blocks(blocks, padded) -> bool:
-    """May the blocks be multiplied by several threads at once, each on one MKL thread? Where MKL's count
-    can be set per thread and one thread gives every block its bits (probed per block shape)."""
-    return cores.can_share() and all(
-        whole and fewer_threads_keep_bits(w, b, x.shape[0], 1)
-        for w, b in {w.shape: (w, b) for w, b in blocks}.values()
-        for x, whole in [padded[w.shape]]
-    )
 
 
 def _multiply_on_free_cores(count: int, multiply) -> None:
