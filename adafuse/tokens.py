@@ -106,6 +106,11 @@ def unfinished(data: bytes) -> bytes:
 
 
 def _valid_prefix(data: bytes) -> bool:
+    try:  # nearly every token is whole characters: one plain decode answers, without a decoder object
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        pass
     try:
         codecs.getincrementaldecoder("utf-8")("strict").decode(data, final=False)
     except UnicodeDecodeError:

@@ -1,6 +1,8 @@
 """Token bytes and the rule that keeps generated text Unicode (adafuse/tokens.py), on small hand-made
 byte-level vocabularies; and the bytes of real tokenizers, read back against their own decoding."""
 
+import codecs
+
 import pytest
 import torch
 
@@ -70,3 +72,20 @@ def test_a_real_vocabularys_bytes_spell_what_its_tokenizer_encodes(tiny, which):
         encoded = member.tokenizer.encode(text, add_special_tokens=False)
         spelled = b"".join(member.tokens.bytes[i] for i in encoded).decode("utf-8")
         assert spelled.lstrip(" ") == text.lstrip(" ")  # SentencePiece may add or drop a first space
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", [0, 1])
+def test_which_tokens_may_start_is_the_incremental_decoders_answer_for_every_real_token(tiny, which):
+    # the slow, obvious rule: a token may start where a strict incremental decoder accepts its bytes so far
+    def accepted(data: bytes) -> bool:
+        try:
+            codecs.getincrementaldecoder("utf-8")("strict").decode(data, final=False)
+        except UnicodeDecodeError:
+            return False
+        return True
+
+    tokens = tiny.members[which].tokens
+    expected = torch.tensor([b is None or accepted(b) for b in tokens.bytes])
+    assert torch.equal(tokens.can_start, expected)
+    assert not expected.all() and expected.any()  # both answers occur in a real vocabulary
