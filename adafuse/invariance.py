@@ -61,6 +61,7 @@ from transformers.masking_utils import (
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from adafuse.cores import blas_threads, mkl_threads
+from adafuse.probe_store import Verdicts
 
 PREFIX = "adafuse-split-"  # the wrapped attention implementation's name: PREFIX + the original's
 TILE_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # row tiles tried, fewest first (a GPU may need large ones)
@@ -269,9 +270,10 @@ def _kernel_key(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
     )
 
 
-_TILE_ROWS: dict[tuple, int] = {}  # kernel key -> the rows of its tile
-_ONE_CALL: dict[tuple, bool] = {}  # (kernel key, padded rows) -> does one call give every tile's bits?
-_FEWER_THREADS: dict[tuple, bool] = {}  # (kernel key, rows, MKL threads) -> the bits of all threads?
+# Verdicts of the probes below, kept on disk for the next process in the same environment (adafuse/probe_store.py)
+_TILE_ROWS = Verdicts("tile_rows")  # kernel key -> the rows of its tile
+_ONE_CALL = Verdicts("one_call")  # (kernel key, padded rows) -> does one call give every tile's bits?
+_FEWER_THREADS = Verdicts("fewer_threads")  # (kernel key, rows, MKL threads) -> the bits of all threads?
 _MKL_DTYPES = (torch.float32, torch.float64)  # the CPU multiplies MKL runs (bfloat16 runs in oneDNN)
 
 
@@ -280,9 +282,9 @@ def tile_rows(weight: torch.Tensor, bias: torch.Tensor | None) -> int:
     bits at any place in a tile, beside any rows, as alone in a tile of zeros, and tile-by-tile bits
     equal one multiply of PROBE_ROWS rows (so that merged passes multiply in one call). Where no size
     agrees with the one multiply, the largest position-invariant one: passes then loop over tiles.
-    Probed once per kernel key (device, dtype, shape, threads), not per model."""
-    key = _kernel_key(weight, bias)
-    if key not in _TILE_ROWS:
+    Probed once per kernel key (device, dtype, shape, threads), not per model, and kept in the probe store."""
+
+    def probe() -> int:
         with torch.inference_mode():
             x = _probe_input(PROBE_ROWS, weight, seed=0)
             whole = F.linear(x, weight, bias)
@@ -292,35 +294,39 @@ def tile_rows(weight: torch.Tensor, bias: torch.Tensor | None) -> int:
                 if torch.equal(_tile_by_tile(x, weight, bias, t), whole) and _position_invariant(x, weight, bias, t)
             )
             steady = (t for t in reversed(TILE_CANDIDATES) if _position_invariant(x, weight, bias, t))
-            _TILE_ROWS[key] = next(agreeing, None) or next(steady)
-    return _TILE_ROWS[key]
+            return next(agreeing, None) or next(steady)
+
+    return _TILE_ROWS.get_or_probe(_kernel_key(weight, bias), probe)
 
 
 def one_call_is_tiled(weight: torch.Tensor, bias: torch.Tensor | None, padded_rows: int) -> bool:
     """Does one multiply of `padded_rows` rows give every row the bits of its tile? Probed once per kernel
-    key and row count, on first use: every row count a pass reaches is checked, none assumed."""
+    key and row count, on first use (or read from the probe store, where the same environment probed it):
+    every row count a pass reaches is checked, none assumed."""
     tile = tile_rows(weight, bias)
     if padded_rows <= tile:
         return True
-    key = (_kernel_key(weight, bias), padded_rows)
-    if key not in _ONE_CALL:
+
+    def probe() -> bool:
         with torch.inference_mode():
             x = _probe_input(padded_rows, weight, seed=padded_rows)
-            _ONE_CALL[key] = torch.equal(F.linear(x, weight, bias), _tile_by_tile(x, weight, bias, tile))
-    return _ONE_CALL[key]
+            return torch.equal(F.linear(x, weight, bias), _tile_by_tile(x, weight, bias, tile))
+
+    return _ONE_CALL.get_or_probe((_kernel_key(weight, bias), padded_rows), probe)
 
 
 def fewer_threads_keep_bits(weight: torch.Tensor, bias: torch.Tensor | None, rows: int, threads: int) -> bool:
     """Does a multiply of `rows` rows on `threads` MKL threads give the bits it gets on all of them? Probed
-    once per kernel key, row count and thread count, on first use."""
-    key = (_kernel_key(weight, bias), rows, threads)
-    if key not in _FEWER_THREADS:
+    once per kernel key, row count and thread count, on first use (or read from the probe store)."""
+
+    def probe() -> bool:
         with torch.inference_mode():
             x = _probe_input(rows, weight, seed=rows)
             with mkl_threads(threads):
                 fewer = F.linear(x, weight, bias)
-            _FEWER_THREADS[key] = torch.equal(fewer, F.linear(x, weight, bias))
-    return _FEWER_THREADS[key]
+            return torch.equal(fewer, F.linear(x, weight, bias))
+
+    return _FEWER_THREADS.get_or_probe((_kernel_key(weight, bias), rows, threads), probe)
 
 
 def _probe_input(rows: int, weight: torch.Tensor, seed: int) -> torch.Tensor:

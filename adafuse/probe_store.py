@@ -1,0 +1,153 @@
+"""Kernel probe verdicts kept on disk, so that a process does not probe again what a process in the same
+environment has already probed (adafuse/invariance.py: row tiles, one-call and fewer-thread probes).
+
+A verdict is a fact about the kernel libraries and the processor, not about any model's weights: whether a
+multiply of this shape, dtype, layout, row count and thread count sums in the same order as another. So it
+holds for every process whose torch build, processors and kernel settings are those of the process that
+probed it. That environment is the store's name: `<cache>/kernel_probes/<fingerprint>.jsonl` (the cache is
+$ADAFUSE_CACHE, else ~/.cache/adafuse; `ADAFUSE_PROBE_STORE=off` turns the store off, a folder path moves
+it). A different torch, MKL or oneDNN build, processor, GPU, matmul precision setting or kernel environment
+variable is another file, probed afresh. Each verdict is one appended line, so the SLURM jobs of a sweep can
+share one store; a line that cannot be read is skipped, and a key recorded with two different verdicts is
+not trusted: it is probed again. A store that cannot be written leaves every verdict to this process.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # bump when a table's meaning changes: old files are then never read
+# Environment variables that pick kernels or their instruction sets (thread counts are in every probe's key)
+ENV_PREFIXES = ("MKL_", "DNNL_", "ONEDNN_", "ATEN_CPU_", "CUBLAS", "NVIDIA_TF32", "TORCH_BLAS", "TORCH_CUDNN")
+
+_LOCK = threading.Lock()
+_STATE: dict = {}  # "path": the store's file or None (off), "verdicts": {(table, key repr): verdict}
+
+
+class Verdicts(dict):
+    """One table of probe verdicts: the process's own (a plain dict, which tests may set), backed by the store."""
+
+    def __init__(self, table: str):
+        super().__init__()
+        self.table = table
+
+    def get_or_probe(self, key: tuple, probe: Callable[[], object]):
+        """The verdict for `key`: this process's, else the store's, else `probe()` (recorded in both)."""
+        if key in self:
+            return self[key]
+        stored = _stored().get((self.table, repr(key)))
+        if stored is not None:
+            self[key] = stored
+            return stored
+        verdict = probe()
+        self[key] = verdict
+        _record(self.table, key, verdict)
+        return verdict
+
+
+def store_path() -> Path | None:
+    """The store's file for this process's environment, or None when the store is off."""
+    setting = os.environ.get("ADAFUSE_PROBE_STORE", "")
+    if setting.lower() in ("off", "0", "false", "no"):
+        return None
+    if setting:
+        folder = Path(setting).expanduser()
+    else:
+        from adafuse.loading import default_cache_dir  # loading imports torch's model stack: only when needed
+
+        folder = default_cache_dir() / "kernel_probes"
+    return folder / f"{hashlib.sha256(json.dumps(fingerprint(), sort_keys=True).encode()).hexdigest()[:20]}.jsonl"
+
+
+def fingerprint() -> dict:
+    """What decides how a multiply sums, besides its shape: the torch build and its kernel libraries, the
+    processors, the GPUs and their matmul settings, and the kernel libraries' environment variables."""
+    facts = {
+        "format": FORMAT,
+        "torch": torch.__version__,
+        "build": torch.__config__.show(),
+        "machine": platform.machine(),
+        "cpu": _cpu(),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
+    }
+    if torch.cuda.is_available():
+        facts["cuda"] = {
+            "version": torch.version.cuda,
+            "devices": [
+                [torch.cuda.get_device_name(i), list(torch.cuda.get_device_capability(i))]
+                for i in range(torch.cuda.device_count())
+            ],
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "reduced_precision": [
+                torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+                torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+            ],
+        }
+    return facts
+
+
+def _cpu() -> str:
+    """The processor's model and instruction-set flags (Linux), else what the platform says of it."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    fields = {}
+    for line in info.splitlines():
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    return f"{fields.get('model name', '')} | {fields.get('flags', fields.get('Features', ''))}"
+
+
+def _stored() -> dict:
+    """The store's verdicts, read once per process; {} when it is off or holds none."""
+    with _LOCK:
+        if "verdicts" not in _STATE:
+            _STATE["path"] = path = store_path()
+            _STATE["verdicts"] = _read(path) if path is not None and path.exists() else {}
+        return _STATE["verdicts"]
+
+
+def _read(path: Path) -> dict:
+    verdicts, conflicts, unreadable = {}, set(), 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                entry = json.loads(line)
+                name = (entry["table"], entry["key"])
+                verdict = entry["verdict"]
+            except (ValueError, KeyError, TypeError):
+                unreadable += 1
+                continue
+            if name in verdicts and verdicts[name] != verdict:
+                conflicts.add(name)
+            verdicts[name] = verdict
+    if unreadable:
+        log.warning("kernel probe store %s: %d unreadable lines skipped", path, unreadable)
+    if conflicts:
+        log.warning("kernel probe store %s: %d keys hold two verdicts; they are probed again", path, len(conflicts))
+    return {name: verdict for name, verdict in verdicts.items() if name not in conflicts}
+
+
+def _record(table: str, key: tuple, verdict) -> None:
+    path = _STATE.get("path")
+    if path is None:
+        return
+    line = json.dumps({"table": table, "key": repr(key), "verdict": verdict}) + "\n"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # one write of one short line in append mode: whole lines, whichever processes share the file
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line)
+    except OSError as err:
+        log.warning("kernel probe store %s cannot be written (%s): verdicts stay in this process", path, err)
+        _STATE["path"] = None
