@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from adafuse.loading import default_cache_dir
+
 log = logging.getLogger(__name__)
 
 FORMAT = 1  # bump when a table's meaning changes: old files are then never read
@@ -59,12 +61,7 @@ def store_path() -> Path | None:
     setting = os.environ.get("ADAFUSE_PROBE_STORE", "")
     if setting.lower() in ("off", "0", "false", "no"):
         return None
-    if setting:
-        folder = Path(setting).expanduser()
-    else:
-        from adafuse.loading import default_cache_dir  # loading imports torch's model stack: only when needed
-
-        folder = default_cache_dir() / "kernel_probes"
+    folder = Path(setting).expanduser() if setting else default_cache_dir() / "kernel_probes"
     return folder / f"{hashlib.sha256(json.dumps(fingerprint(), sort_keys=True).encode()).hexdigest()[:20]}.jsonl"
 
 
