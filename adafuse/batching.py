@@ -23,10 +23,12 @@ The whole story, in the order it happens:
    example has finished. When all wait, `Scheduler.run_waiting` plans the passes and then runs them,
    as vLLM's scheduler hands a schedule to its executor. `plan_passes` is plain data in, plain data
    out (`RequestShape`s in, `PassPlan`s out): the prompts first, each a pass of its own, then one
-   merged forward pass per weights, split into chunks where memory requires. `Scheduler.run_pass`
-   runs one planned pass: a prompt from the longest prefix that any slot or a stored prompt holds
-   (adafuse/cache.py `PromptStore`: examples that start together read their task's few-shot prefix
-   once), a request alone, or a merged pass (adafuse/merged_pass.py `forward_together`). Requests
+   merged forward pass per weights, split into chunks where memory requires. Exact, each weights'
+   last prompt of the turn is read in its merged pass instead (a slot refilled while the others
+   decode: its tail costs the rows it adds, not a pass). `Scheduler.run_pass` runs one planned pass:
+   a prompt from the longest prefix that any slot or a stored prompt holds (adafuse/cache.py
+   `PromptStore`: examples that start together read their task's few-shot prefix once), a request
+   alone, or a merged pass (adafuse/merged_pass.py `forward_together`). Requests
    are taken in slot order, so which rows meet in a pass and where each row sits, and hence every
    float, never depend on which thread woke first (a GPU picks its kernels by shape).
 
@@ -65,6 +67,9 @@ from adafuse.model import Member
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 8  # examples in flight; the runner's and the Python API's default (README: Batching)
+# Padded positions a prompt's tail may add to the other rows of the merged pass it joins: each costs the
+# elementwise work of a position in every layer, so a long tail (a SQuAD passage) is read in a pass of its own.
+MAX_PROMPT_PADDING = 512
 
 
 class Cancelled(RuntimeError):
@@ -90,6 +95,7 @@ class PassCounts:
     passes: int = 0
     merged_passes: int = 0  # passes that carried the requests of more than one example
     rows: int = 0  # rows over all passes
+    merged_prompts: int = 0  # prompts read in a merged pass, not in a pass of their own (`plan_passes`)
 
 
 @dataclass(frozen=True)
@@ -99,11 +105,12 @@ class RequestShape:
     slot: int
     model: str  # the member's name
     weights: int  # which weights it runs on: only requests to the same weights share a pass
-    prompt: bool  # a prompt to read (`Member.read_prompt`): always a pass of its own
+    prompt: bool  # a prompt to read (`Member.read_prompt`): a pass of its own, or the last one in a merged pass
     mergeable: bool  # the request itself may share a pass (see `PassRequest.mergeable`)
     rows: int
     cached: int  # tokens in its cache
     width: int  # tokens it reads
+    last_only: bool  # it needs the logits of its last position alone
     kv_bytes_per_token: int
     vocab_size: int
 
@@ -138,9 +145,8 @@ class PassRequest:
 
     @property
     def mergeable(self) -> bool:
-        # Several ids read for their last logits alone stay alone: merged with others they would need
-        # the logits of every position (gigabytes with a 262k vocabulary). An empty cache has no layers to pad.
-        return not (self.last_only and self.input_ids.shape[1] > 1) and self.cache.get_seq_length() > 0
+        # An empty cache has no layers to pad (a prompt read from the start runs alone).
+        return self.cache.get_seq_length() > 0
 
     @property
     def shape(self) -> RequestShape:
@@ -154,6 +160,7 @@ class PassRequest:
             rows=1 if prompt else self.input_ids.shape[0],
             cached=0 if prompt else self.cache.get_seq_length(),
             width=len(self.prompt) if prompt else self.input_ids.shape[1],
+            last_only=self.last_only,
             kv_bytes_per_token=member.kv_bytes_per_token(),
             vocab_size=member.vocab_size,
         )
@@ -299,7 +306,10 @@ class Scheduler:
             if len(by_slot) != len(requests):
                 raise AssertionError(f"two waiting requests share a slot: {[r.slot for r in requests]}")
             plans = plan_passes(
-                [r.shape for r in requests], lambda shape: self._merges(by_slot[shape.slot].member), self.memory_budget
+                [r.shape for r in requests],
+                lambda shape: self._merges(by_slot[shape.slot].member),
+                self.memory_budget,
+                merge_prompts=self.exact,
             )
             by_weights: dict[int, list[PassPlan]] = {}
             for plan in plans:
@@ -358,6 +368,39 @@ class Scheduler:
         counts.rows += rows
 
     def _merged(self, chunk: list[PassRequest]) -> list[torch.Tensor]:
+        """The merged pass's results in chunk order. A prompt in it (see `plan_passes`) reads from the prefix it
+        finds now, after the turn's other prompts were read; one with no prefix to read from, or whose tail
+        would pad the other rows by more than `MAX_PROMPT_PADDING` positions, is read alone first."""
+        others = [r for r in chunk if r.prompt is None]
+        widest = max(r.input_ids.shape[1] for r in others)
+        rows = sum(r.input_ids.shape[0] for r in others)
+        alone: dict[int, torch.Tensor] = {}
+        for i, r in enumerate(chunk):
+            if r.prompt is not None:
+                r.cache, r.input_ids = r.member.prompt_reading(r.prompt)
+                if not r.mergeable or rows * (r.input_ids.shape[1] - widest) > MAX_PROMPT_PADDING:
+                    alone[i] = r.member.forward_alone(r.cache, r.input_ids, last_only=True)
+                    r.member.took_prompt(r.prompt, r.cache)
+                    with self.counting:
+                        self._count([r], 1)
+        together = [r for i, r in enumerate(chunk) if i not in alone]
+        results = iter(self._forward_together(together) if together else [])
+        return [alone[i] if i in alone else next(results) for i in range(len(chunk))]
+
+    def _forward_together(self, chunk: list[PassRequest]) -> list[torch.Tensor]:
+        if len(chunk) == 1:
+            (r,) = chunk
+            results = [r.member.forward_alone(r.cache, r.input_ids, r.last_only, r.lengths)]
+        else:
+            results = self._merged_pass(chunk)
+        prompts = [r for r in chunk if r.prompt is not None]
+        for r in prompts:
+            r.member.took_prompt(r.prompt, r.cache)
+        with self.counting:
+            self.counts[chunk[0].member.name].merged_prompts += len(chunk) > 1 and len(prompts)
+        return results
+
+    def _merged_pass(self, chunk: list[PassRequest]) -> list[torch.Tensor]:
         member = chunk[0].member
         self.pass_slots.append([r.slot for r in chunk])
         resident = self.resident.pop(id(member.model), None)  # a stale one is dropped: it holds memory
@@ -366,14 +409,18 @@ class Scheduler:
         committed = all(r.cache is r.member.cache for r in chunk)  # greedy steps, not forks (see Resident)
         inputs = [r.input_ids for r in chunk]
         lengths = [r.lengths for r in chunk]
-        results, stays = forward_together(member, caches, inputs, resident, committed, self.exact, lengths)
+        last_only = [r.last_only for r in chunk]
+        results, stays = forward_together(member, caches, inputs, resident, committed, self.exact, lengths, last_only)
         if stays is not None:
             self.resident[id(member.model)] = stays
         return results
 
 
 def plan_passes(
-    requests: list[RequestShape], merges: Callable[[RequestShape], bool], memory_budget: int
+    requests: list[RequestShape],
+    merges: Callable[[RequestShape], bool],
+    memory_budget: int,
+    merge_prompts: bool = False,
 ) -> list[PassPlan]:
     """The passes that run a round's waiting requests, in the order to run them; everything in slot order.
 
@@ -382,17 +429,32 @@ def plan_passes(
     by whether they may share a pass (a request that may, on weights that `merges`: asked once per
     such request, in slot order); a group that merges is cut into chunks whose pass fits
     `memory_budget` (`pass_bytes`), any other runs one request per pass.
+
+    `merge_prompts` (exact passes, where a request's numbers do not depend on its pass): each weights'
+    last prompt joins its merged passes instead, as no later prompt reads from it. It then reads its
+    tail after its prefix in the same pass as the other examples' steps, not in a pass of its own.
     """
     ordered = sorted(requests, key=lambda r: r.slot)
-    plans = [PassPlan("prompt", (r.slot,)) for r in ordered if r.prompt]
+    prompts = [r for r in ordered if r.prompt]
+    last_prompts = {r.weights: r for r in prompts}.values() if merge_prompts else []
+    joining = {r.slot for r in last_prompts if merges(r)}
+    plans = [PassPlan("prompt", (r.slot,)) for r in prompts if r.slot not in joining]
     groups: dict[tuple[int, bool], list[RequestShape]] = {}
     for r in ordered:
-        if not r.prompt:
+        if r.slot in joining:
+            groups.setdefault((r.weights, True), []).append(r)
+        elif not r.prompt:
             groups.setdefault((r.weights, r.mergeable and merges(r)), []).append(r)
     for (_, mergeable), group in groups.items():
         chunks = memory_chunks(group, memory_budget) if mergeable else [[r] for r in group]
-        plans += [PassPlan("merged" if len(chunk) > 1 else "alone", tuple(r.slot for r in chunk)) for chunk in chunks]
+        plans += [PassPlan(_kind(chunk), tuple(r.slot for r in chunk)) for chunk in chunks]
     return plans
+
+
+def _kind(chunk: list[RequestShape]) -> str:
+    if len(chunk) > 1:
+        return "merged"
+    return "prompt" if chunk[0].prompt else "alone"
 
 
 def memory_chunks(group: list[RequestShape], memory_budget: int) -> list[list[RequestShape]]:
@@ -414,11 +476,12 @@ def memory_chunks(group: list[RequestShape], memory_budget: int) -> list[list[Re
 
 def pass_bytes(requests: list[RequestShape]) -> int:
     """About the memory a merged pass takes: the padded cache, the copies its requests take back, and the logits."""
-    rows = sum(r.rows for r in requests)
     longest = max(r.cached for r in requests)
     width = max(r.width for r in requests)
-    first = requests[0]
-    return rows * (2 * (longest + width) * first.kv_bytes_per_token + width * first.vocab_size * 8)
+    return sum(
+        r.rows * (2 * (longest + width) * r.kv_bytes_per_token + (1 if r.last_only else width) * r.vocab_size * 8)
+        for r in requests
+    )
 
 
 def available_memory() -> int:

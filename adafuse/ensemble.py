@@ -175,7 +175,7 @@ class DecodeStream:
     @property
     def batching(self) -> dict[str, dict]:
         """Per model name: how its requests met ("attention", "linear": "merged", "row_tiles",
-        "per_request" or "alone": `Meeting`) and its "passes", "merged_passes" and "rows"
+        "per_request" or "alone": `Meeting`) and its "passes", "merged_passes", "rows" and "merged_prompts"
         (adafuse/batching.py, `Scheduler.report`)."""
         return self._scheduler.report()
 

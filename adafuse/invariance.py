@@ -379,23 +379,31 @@ class LivePositions:
 
     shape: tuple[int, int]
     index: torch.Tensor
+    logits: torch.Tensor  # the flat indices whose logits are made: the live ones, or a row's last where asked
 
 
 _LIVE: contextvars.ContextVar = contextvars.ContextVar("adafuse_live_positions", default=None)
 
 
 @contextlib.contextmanager
-def live_positions(lengths: list[int] | None, width: int, device):
+def live_positions(lengths: list[int] | None, width: int, device, last: list[bool] | None = None):
     """Inside this block, a pass of len(lengths) rows of `width` positions reads only the first lengths[i]
     positions of row i: its linear layers multiply those alone (`only_live`), since a row right-padded
     after its real tokens never lets them see the padding. A forward pass of every row of a fork,
     branches that ended early and candidates of unequal length included, then costs what its real
-    tokens cost. `lengths` None, or all full: every position is live and nothing changes."""
-    if lengths is None or all(n >= width for n in lengths):
+    tokens cost. `last[i]`: the vocabulary projection makes row i's logits at its last live position
+    alone (a prompt's tail, or ids read for the distribution after them, sharing a merged pass).
+    `lengths` None, or all full with no `last`: every position is live and nothing changes."""
+    last = last or [False] * (0 if lengths is None else len(lengths))
+    if lengths is None or all(n >= width for n in lengths) and not any(last):
         yield
         return
-    live = torch.arange(width) < torch.tensor(lengths)[:, None]
-    token = _LIVE.set(LivePositions((len(lengths), width), live.flatten().nonzero().squeeze(1).to(device)))
+    positions, ends = torch.arange(width), torch.tensor(lengths)[:, None]
+    live = positions < ends
+    read = live & (positions >= torch.where(torch.tensor(last)[:, None], ends - 1, 0))
+    index = live.flatten().nonzero().squeeze(1).to(device)
+    logits = read.flatten().nonzero().squeeze(1).to(device) if any(last) else index
+    token = _LIVE.set(LivePositions((len(lengths), width), index, logits))
     try:
         yield
     finally:
@@ -406,30 +414,35 @@ def only_live(x: torch.Tensor, features: int, multiply, pack: bool = False) -> t
     """`multiply` (rows, in) -> (rows, features) applied to x (..., in). Inside `live_positions`, for an x
     laid out as the pass's positions, only the live rows are multiplied. The others are zeros (finite: they
     flow on through the layers, whose results at live positions never read them), or, with `pack` (the
-    vocabulary projection, the last layer), left out: the result is (1, live positions, features), the
-    logits of the live positions in row order, so that no logits are ever made for padding
-    (`packed_logits` reads them). A row's bits are the same either way: every multiply computes a row as in
-    its tile, whatever the others (`tiled_linear`, adafuse/projection.py)."""
+    vocabulary projection, the last layer), left out: the result is (1, positions read, features), the
+    logits of the live positions (of a row's last alone where `live_positions` was asked so) in row order,
+    so that no logits are ever made for padding or for positions no one reads (`packed_logits` reads them).
+    A row's bits are the same either way: every multiply computes a row as in its tile, whatever the others
+    (`tiled_linear`, adafuse/projection.py)."""
     live = _LIVE.get()
     flat = x.reshape(-1, x.shape[-1])
     if live is None or tuple(x.shape[:-1]) != live.shape:
         return multiply(flat).reshape(*x.shape[:-1], features)
-    computed = multiply(flat.index_select(0, live.index))
     if pack:
-        return computed.unsqueeze(0)
+        return multiply(flat.index_select(0, live.logits)).unsqueeze(0)
+    computed = multiply(flat.index_select(0, live.index))
     out = flat.new_zeros(flat.shape[0], features)
     out.index_copy_(0, live.index, computed)
     return out.reshape(*x.shape[:-1], features)
 
 
-def packed_logits(logits: torch.Tensor, lengths: list[int], width: int) -> torch.Tensor:
-    """The logits of a pass run in `live_positions(lengths, width)`, as (live positions, vocab) in row order:
-    as the packed head gave them (1, live, vocab), or taken from a head that gave every position
+def packed_logits(logits: torch.Tensor, lengths: list[int], width: int, last: list[bool] | None = None) -> torch.Tensor:
+    """The logits of a pass run in `live_positions(lengths, width, last)`, as (positions read, vocab) in row
+    order: as the packed head gave them (1, read, vocab), or taken from a head that gave every position
     (rows, width, vocab): a pass with no padding, or a head that `tile_linear_layers` could not wrap."""
+    last = last or [False] * len(lengths)
     if logits.shape[:2] == (len(lengths), width):
-        if all(length == width for length in lengths):
+        if all(length == width for length in lengths) and not any(last):
             return logits.reshape(-1, logits.shape[-1])
-        return torch.cat([logits[row, :length] for row, length in enumerate(lengths)])
-    if logits.shape[:2] != (1, sum(lengths)):
+        return torch.cat(
+            [logits[row, length - 1 if one else 0 : length] for row, (length, one) in enumerate(zip(lengths, last))]
+        )
+    read = sum(1 if one else length for length, one in zip(lengths, last))
+    if logits.shape[:2] != (1, read):
         raise AssertionError(f"logits of shape {tuple(logits.shape)} for rows of {lengths} real positions")
     return logits[0]

@@ -81,6 +81,7 @@ def forward_together(
     may_stay: bool = False,
     exact: bool = True,
     real: list[list[int] | None] | None = None,
+    last_only: list[bool] | None = None,
 ) -> tuple[list[torch.Tensor], Resident | None]:
     """One forward pass over the rows of several requests to the same weights: the logits of each, and
     the pass's cache where it may stay resident for the next pass (see `Resident`).
@@ -101,7 +102,9 @@ def forward_together(
     `real[j]`: request j's real ids per row (None: all of its width). The linear layers multiply only
     those positions (adafuse/invariance.py `live_positions`), not the padding up to the pass's width, and
     request j's logits are then packed, (sum(real[j]), vocab) (`Member.forward_alone`); a request without
-    `real` gets (rows, width, vocab) as alone.
+    `real` gets (rows, width, vocab) as alone. `last_only[j]`: request j reads its ids for the distribution
+    after them alone (a prompt's tail): the vocabulary projection makes only its last position's logits, and
+    it gets (rows, 1, vocab), as `Member.forward_alone(..., last_only=True)` gives.
     """
     lengths = [c.get_seq_length() for c in caches]
     longest, width = max(lengths), max(x.shape[1] for x in inputs)
@@ -115,9 +118,13 @@ def forward_together(
         spans.append(Span(slice(row, row + x.shape[0]), length, x.shape[1]))
         row += x.shape[0]
     live = [n for j, x in enumerate(inputs) for n in (real[j] if real and real[j] else [x.shape[1]] * x.shape[0])]
+    last_only = last_only or [False] * len(inputs)
+    if any(one and real and real[j] for j, one in enumerate(last_only)):
+        raise ValueError("a request reads either its real ids' logits or its last position's, not both")
+    last = [one for x, one in zip(inputs, last_only) for _ in range(x.shape[0])]
     kwargs = {"input_ids": ids, "position_ids": positions, "use_cache": True}
     stays = None
-    with live_positions(live, width, device):
+    with live_positions(live, width, device, last):
         if exact:
             if not can_merge_exactly(member.model):  # idempotent: it prepares a model on its first merged pass
                 raise ValueError(
@@ -127,11 +134,12 @@ def forward_together(
                 out = member.model(**kwargs, **{member.cache_arg: split_cache(caches, spans, longest)})
         else:
             out, stays = _forward_padded(member, caches, spans, longest, width, kwargs, resident, may_stay)
-    logits, results, at = packed_logits(out.logits, live, width).float(), [], 0
+    logits, results, at = packed_logits(out.logits, live, width, last).float(), [], 0
     for j, (x, s) in enumerate(zip(inputs, spans)):
-        count = sum(live[s.rows])  # request j's positions in the packed logits, (count, vocab) in row order
+        # request j's positions in the packed logits, (count, vocab) in row order
+        count = x.shape[0] if last_only[j] else sum(live[s.rows])
         own = logits[at : at + count]
-        results.append(own if real and real[j] else own.view(x.shape[0], x.shape[1], -1))
+        results.append(own if real and real[j] else own.view(x.shape[0], 1 if last_only[j] else x.shape[1], -1))
         at += count
     return results, stays
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from adafuse.cache import PromptStore, Rows, common_prefix, derive_cache
+from adafuse.cache import GrowingLayer, PromptStore, Rows, common_prefix, derive_cache
 from adafuse.errors import ConfigError, ContextLengthError, DataError
 from adafuse.invariance import live_positions, packed_logits, tile_linear_layers
 from adafuse.projection import block_output_projection
@@ -254,19 +254,32 @@ class Member:
         context holds; returns the last position's logits and stores the prompt for the next one (`prompts`).
 
         A scheduler calls this for a batch's waiting prompts one after another, when the pass runs,
-        so that examples that start together share their prefix too.
+        so that examples that start together share their prefix too; the last of them may instead share
+        the turn's merged pass (`prompt_reading`, `took_prompt`).
         """
+        cache, tail = self.prompt_reading(ids)
+        logits = self.forward_alone(cache, tail, last_only=True)
+        self.took_prompt(ids, cache)
+        return logits
+
+    def prompt_reading(self, ids: list[int]) -> tuple[DynamicCache, torch.Tensor]:
+        """The cache a read of prompt `ids` starts from (the longest prefix a stored prompt or the own context
+        holds, an empty cache if none) and the ids it reads after it (at least one, for its logits)."""
         keep, source = self.prompts.longest_prefix(ids, self.ids, self.cache)
-        keep = min(keep, len(ids) - 1)  # re-read >= 1 token for its logits
-        self.cache = DynamicCache() if keep == 0 else derive_cache(source, lambda t: t[:, :, :keep])
+        keep = min(keep, len(ids) - 1)
+        cache = DynamicCache() if keep == 0 else derive_cache(source, lambda t: t[:, :, :keep])
         self.forward_passes += 1
         self.tokens_fed += len(ids) - keep
-        logits = self.forward_alone(self.cache, torch.tensor([ids[keep:]], device=self.device), last_only=True)
-        if keep == 0:  # the model's own layers: from here on the cache grows in place (cache.py `GrowingLayer`)
-            self.cache = derive_cache(self.cache, lambda t: t)
+        return cache, torch.tensor([ids[keep:]], device=self.device)
+
+    def took_prompt(self, ids: list[int], cache: DynamicCache) -> None:
+        """`cache`, a `prompt_reading` cache now holding all of `ids`, becomes the context's; the prompt is stored."""
+        if not all(isinstance(layer, GrowingLayer) for layer in cache.layers):
+            # read from an empty cache: the model's own layers, from here on growing in place (cache.py)
+            cache = derive_cache(cache, lambda t: t)
+        self.cache = cache
         self.ids = list(ids)
-        self.prompts.add(ids, self.cache)
-        return logits
+        self.prompts.add(ids, cache)
 
     def feed(self, ids: list[int]) -> None:
         """Append ids to the committed context and read them."""

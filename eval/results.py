@@ -32,6 +32,8 @@ from conf.schema import resumable_settings
 
 log = logging.getLogger(__name__)
 
+PASS_COUNTS = ("passes", "merged_passes", "rows", "merged_prompts")  # a model's pass counts (batching.PassCounts)
+
 
 def _flat(tree, prefix="") -> dict:
     if not isinstance(tree, dict):
@@ -163,18 +165,19 @@ class RunDir:
 
     def batching(self) -> dict[str, dict]:
         """Per model name: how every process's requests met and their pass counts summed, from
-        batching.jsonl. A mode that differed between processes reads "mixed"."""
+        batching.jsonl (a count a process did not report, from before it was counted, adds nothing). A mode
+        that differed between processes reads "mixed"."""
         path = self.path / "batching.jsonl"
         entries = [_parse(line, path) for line in path.read_bytes().splitlines()] if path.is_file() else []
         totals: dict[str, dict] = {}
         for entry in filter(None, entries):
             for name, report in entry["models"].items():
-                total = totals.setdefault(name, {**report, "passes": 0, "merged_passes": 0, "rows": 0})
+                total = totals.setdefault(name, {**report, **dict.fromkeys(PASS_COUNTS, 0)})
                 for key in ("attention", "linear"):
                     if total[key] != report[key]:
                         total[key] = "mixed"
-                for key in ("passes", "merged_passes", "rows"):
-                    total[key] += report[key]
+                for key in PASS_COUNTS:
+                    total[key] += report.get(key, 0)
         return totals
 
     def write_metrics(self, metrics: dict) -> None:

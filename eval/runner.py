@@ -195,8 +195,9 @@ def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tra
     batching = stream.batching
     for name, how in batching.items():
         log.info(
-            "batching, %s: attention %s, linear layers %s; %d passes, %d of them merged, %d rows",
-            *(name, how["attention"], how["linear"], how["passes"], how["merged_passes"], how["rows"]),
+            "batching, %s: attention %s, linear layers %s; %d passes, %d merged (%d prompts read in them), %d rows",
+            *(name, how["attention"], how["linear"], how["passes"], how["merged_passes"], how["merged_prompts"]),
+            how["rows"],
         )
     out.append_batching(settings.task.shard, len(todo), batching)
 
@@ -219,7 +220,8 @@ def summary(task: Task, records: list[dict], settings, models, out: RunDir) -> d
         "n": len(records),
         "limit": task.cfg.limit,
         # Per model, summed over the processes that decoded (batching.jsonl): how requests met
-        # ("attention"/"linear": merged, row_tiles, per_request or alone) and "passes", "merged_passes", "rows".
+        # ("attention"/"linear": merged, row_tiles, per_request or alone) and "passes", "merged_passes", "rows",
+        # "merged_prompts".
         "batching": {"batch_size": settings.batch_size, "exact": settings.batch_exact, "models": out.batching()},
         "runtime": out.config.get("runtime"),  # config.yaml's: torch, each model's device, dtype and GPU
         "metrics": task.corpus_scores(records),

@@ -58,6 +58,8 @@ def test_batched_predictions_equal_unbatched_ones(paper_pair, shared_data, metho
         assert gen.stats.forward_passes == alone[i].stats.forward_passes
     assert sorted(finished) == list(range(len(cases)))
     assert scheduler.merged > 0  # passes did carry several examples' rows
+    # and refilled slots read their prompts' tails in those passes, not in passes of their own
+    assert all(counts.merged_prompts > 0 for counts in scheduler.counts.values())
 
 
 def test_examples_that_start_together_read_the_few_shot_prefix_once(tiny, shared_data):

@@ -10,6 +10,7 @@ from torch.overrides import TorchFunctionMode
 
 from adafuse import Ensemble, Request, SingleConfig
 from adafuse.batching import Scheduler, decode_many
+from adafuse.cache import derive_cache
 from adafuse.config import ModelConfig
 from adafuse.invariance import _ONE_CALL, _kernel_key, _probe_input, tile_rows, tiled_linear
 from adafuse.merged_pass import can_merge_exactly, forward_together
@@ -63,6 +64,33 @@ def test_a_merged_pass_computes_every_request_as_alone_bit_for_bit(pair):
             loose, _ = forward_together(member, [_copy(c) for c in caches], inputs, exact=False)
             loose_equal += [torch.equal(a, m) for a, m in zip(alone, loose)]
     assert not all(loose_equal)  # what exactness fixes: a padded merged pass rounds differently
+
+
+def test_a_prompt_tail_read_in_a_merged_pass_gets_the_logits_and_cache_of_its_read_alone(pair):
+    """A turn's last prompt shares the merged pass (adafuse/batching.py `plan_passes`): its tail, read after a
+    stored prefix for the last position's logits alone, beside other examples' steps, is bit for bit its
+    read alone, logits and cache, and the steps are their passes alone."""
+    for member in pair.members:
+        steps = started(member, PROMPTS[:3])
+        step_inputs = [torch.tensor([[c.logprobs.argmax().item()]], device=member.device) for c in steps]
+        (prefix,) = started(member, PROMPTS[7:])
+        ids = prefix.ids + member.encode_text(" and then some more words, read as a prompt's tail")
+        keep = len(prefix.ids) - 3
+        tail = torch.tensor([ids[keep:]], device=member.device)
+        alone_cache, merged_cache = (derive_cache(prefix.cache, lambda t, n=keep: t[:, :, :n]) for _ in range(2))
+        alone = member.forward_alone(alone_cache, tail, last_only=True)
+        caches = [c.cache for c in steps]
+        merged, _ = forward_together(
+            member,
+            [merged_cache] + [_copy(c) for c in caches],
+            [tail] + step_inputs,
+            last_only=[True, False, False, False],
+        )
+        assert merged[0].shape == alone.shape == (1, 1, member.vocab_size) and torch.equal(merged[0], alone)
+        for a, m in zip(alone_cache.layers, merged_cache.layers, strict=True):
+            assert a.keys.shape[2] == len(ids) and torch.equal(a.keys, m.keys) and torch.equal(a.values, m.values)
+        for cache, x, logits in zip(caches, step_inputs, merged[1:]):
+            assert torch.equal(member.forward_alone(_copy(cache), x), logits)
 
 
 def _copy(cache):

@@ -9,12 +9,22 @@ from adafuse.errors import BatchMemoryError
 KV_BYTES, VOCAB = 100, 10  # per token of cache; logit columns
 
 
-def step(slot: int, weights: int = 1, rows: int = 1, cached: int = 20, width: int = 1, mergeable: bool = True):
-    return RequestShape(slot, f"model{weights}", weights, False, mergeable, rows, cached, width, KV_BYTES, VOCAB)
+def step(
+    slot: int,
+    weights: int = 1,
+    rows: int = 1,
+    cached: int = 20,
+    width: int = 1,
+    mergeable: bool = True,
+    last_only: bool = False,
+):
+    return RequestShape(
+        slot, f"model{weights}", weights, False, mergeable, rows, cached, width, last_only, KV_BYTES, VOCAB
+    )
 
 
 def prompt(slot: int, weights: int = 1, length: int = 30):
-    return RequestShape(slot, f"model{weights}", weights, True, False, 1, 0, length, KV_BYTES, VOCAB)
+    return RequestShape(slot, f"model{weights}", weights, True, False, 1, 0, length, True, KV_BYTES, VOCAB)
 
 
 def everything_merges(request: RequestShape) -> bool:
@@ -31,6 +41,26 @@ def test_prompts_come_first_one_pass_each_then_one_merged_pass_per_weights_in_sl
         PassPlan("prompt", (5,)),
         PassPlan("merged", (0, 4)),
         PassPlan("merged", (1, 3)),
+    ]
+
+
+def test_merging_prompts_each_weights_last_prompt_joins_its_merged_pass():
+    """The earlier prompts of a weights still run first, one pass each, so that the later ones can read from
+    them; the last is read in the merged pass, where no other prompt can read from it."""
+    waiting = [step(3, weights=2), prompt(2), step(0), prompt(6, weights=2), step(4), step(1, weights=2), prompt(5)]
+    assert plan_passes(waiting, everything_merges, BIG, merge_prompts=True) == [
+        PassPlan("prompt", (2,)),
+        PassPlan("merged", (0, 4, 5)),
+        PassPlan("merged", (1, 3, 6)),
+    ]
+
+
+def test_merging_prompts_a_last_prompt_with_nothing_to_meet_or_on_weights_that_cannot_merge_reads_alone():
+    waiting = [prompt(0, weights=1), prompt(1, weights=2), step(2, weights=2)]
+    assert plan_passes(waiting, lambda r: r.weights == 1, BIG, merge_prompts=True) == [
+        PassPlan("prompt", (1,)),
+        PassPlan("prompt", (0,)),
+        PassPlan("alone", (2,)),
     ]
 
 
@@ -72,6 +102,11 @@ def test_pass_bytes_counts_the_padded_cache_twice_and_float64_logits_per_row():
     assert pass_bytes([step(0, rows=2, cached=40, width=2), step(1, cached=10, width=1)]) == 3 * (
         2 * 42 * KV_BYTES + 2 * VOCAB * 8
     )
+
+
+def test_pass_bytes_counts_one_logits_position_per_row_of_a_request_that_reads_its_last_alone():
+    tail = step(0, rows=1, cached=40, width=5, last_only=True)
+    assert pass_bytes([tail, step(1, rows=2, cached=10, width=1)]) == 3 * 2 * 45 * KV_BYTES + (1 + 2 * 5) * VOCAB * 8
 
 
 def test_a_merged_pass_over_the_budget_is_cut_into_chunks_that_keep_slot_order():

@@ -127,9 +127,18 @@ def test_batching_reports_of_several_processes_add_up_and_a_disagreement_reads_m
     assert out.batching() == {}
     exact = {"attention": "per_request", "linear": "merged", "passes": 10, "merged_passes": 4, "rows": 30}
     out.append_batching(0, 3, {"smollm2_135m": exact})
-    out.append_batching(1, 2, {"smollm2_135m": {**exact, "linear": "per_request", "passes": 5, "rows": 7}})
+    # the second process counted the prompts it read in merged passes; the first, older, did not
+    later = {**exact, "linear": "per_request", "passes": 5, "rows": 7, "merged_prompts": 2}
+    out.append_batching(1, 2, {"smollm2_135m": later})
     lines = [json.loads(line) for line in (tmp_path / "batching.jsonl").read_text().splitlines()]
     assert [(line["shard"], line["examples"]) for line in lines] == [(0, 3), (1, 2)]
     assert out.batching() == {
-        "smollm2_135m": {"attention": "per_request", "linear": "mixed", "passes": 15, "merged_passes": 8, "rows": 37}
+        "smollm2_135m": {
+            "attention": "per_request",
+            "linear": "mixed",
+            "passes": 15,
+            "merged_passes": 8,
+            "rows": 37,
+            "merged_prompts": 2,
+        }
     }
