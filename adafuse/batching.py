@@ -475,11 +475,12 @@ def memory_chunks(group: list[RequestShape], memory_budget: int) -> list[list[Re
 
 
 def pass_bytes(requests: list[RequestShape]) -> int:
-    """About the memory a merged pass takes: the padded cache, the copies its requests take back, and the logits."""
+    """About the memory a merged pass takes: the padded cache, the copies its requests take back, and the logits
+    (made at each request's own positions, `live_positions`: a prompt's long tail does not widen the others')."""
     longest = max(r.cached for r in requests)
     width = max(r.width for r in requests)
     return sum(
-        r.rows * (2 * (longest + width) * r.kv_bytes_per_token + (1 if r.last_only else width) * r.vocab_size * 8)
+        r.rows * (2 * (longest + width) * r.kv_bytes_per_token + (1 if r.last_only else r.width) * r.vocab_size * 8)
         for r in requests
     )
 

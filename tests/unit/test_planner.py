@@ -97,16 +97,16 @@ def test_weights_that_cannot_merge_run_every_request_alone_and_are_asked_once_pe
     assert asked == [0, 1, 2]  # slot order; never for a request that may not share a pass, nor a prompt
 
 
-def test_pass_bytes_counts_the_padded_cache_twice_and_float64_logits_per_row():
-    # 3 rows; cache padded to 40 plus 2 new positions, keys and values; logits at 2 positions.
-    assert pass_bytes([step(0, rows=2, cached=40, width=2), step(1, cached=10, width=1)]) == 3 * (
-        2 * 42 * KV_BYTES + 2 * VOCAB * 8
+def test_pass_bytes_counts_the_padded_cache_twice_and_float64_logits_at_each_request_s_own_positions():
+    # 3 rows; cache padded to 40 plus 2 new positions, keys and values; logits at 2 + 2 + 1 positions.
+    assert pass_bytes([step(0, rows=2, cached=40, width=2), step(1, cached=10, width=1)]) == (
+        3 * 2 * 42 * KV_BYTES + 5 * VOCAB * 8
     )
 
 
 def test_pass_bytes_counts_one_logits_position_per_row_of_a_request_that_reads_its_last_alone():
     tail = step(0, rows=1, cached=40, width=5, last_only=True)
-    assert pass_bytes([tail, step(1, rows=2, cached=10, width=1)]) == 3 * 2 * 45 * KV_BYTES + (1 + 2 * 5) * VOCAB * 8
+    assert pass_bytes([tail, step(1, rows=2, cached=10, width=1)]) == 3 * 2 * 45 * KV_BYTES + (1 + 2) * VOCAB * 8
 
 
 def test_a_merged_pass_over_the_budget_is_cut_into_chunks_that_keep_slot_order():
