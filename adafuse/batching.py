@@ -143,6 +143,10 @@ class PassRequest:
     def slot(self) -> int:
         return self.member.slot
 
+    def alone(self) -> torch.Tensor:
+        """This request's pass of its own (`Member.forward_alone`)."""
+        return self.member.forward_alone(self.cache, self.input_ids, self.last_only, self.lengths)
+
     @property
     def mergeable(self) -> bool:
         # An empty cache has no layers to pad (a prompt read from the start runs alone).
@@ -338,39 +342,44 @@ class Scheduler:
     def run_pass(self, plan: PassPlan, chunk: list[PassRequest]) -> None:
         """Run one planned pass over its requests (in the plan's slot order), hand each its logits or
         the error, and count the pass."""
+        met = chunk  # the requests that shared the pass: a merged plan's prompt may be read alone first
         try:
             if plan.kind == "prompt":
                 (r,) = chunk
                 results = [r.member.read_prompt(r.prompt)]
             elif plan.kind == "alone":
                 (r,) = chunk
-                results = [r.member.forward_alone(r.cache, r.input_ids, r.last_only, r.lengths)]
+                results = [r.alone()]
             else:
-                results = self._merged(chunk)
+                results, met = self._merged(chunk)
             for r, logits in zip(chunk, results):
                 r.result = r.member._log_softmax(logits) if r.logprobs else logits
         except BaseException as err:  # the workers re-raise it; the run stops with the real error
             for r in chunk:
                 r.error = err
-        rows = sum(1 if r.prompt is not None else r.input_ids.shape[0] for r in chunk)
         with self.counting:
-            self._count(chunk, rows)
+            self._count(met)
         for r in chunk:
             r.done.set()
 
-    def _count(self, chunk: list[PassRequest], rows: int) -> None:
+    def _count(self, met: list[PassRequest]) -> None:
+        """Count one pass over the requests `met` (a prompt read is one row)."""
+        rows = sum(1 if r.prompt is not None else r.input_ids.shape[0] for r in met)
+        merged = len(met) > 1
         self.passes += 1
-        self.merged += len(chunk) > 1
+        self.merged += merged
         self.rows += rows
-        counts = self.counts.setdefault(chunk[0].member.name, PassCounts())
+        counts = self.counts.setdefault(met[0].member.name, PassCounts())
         counts.passes += 1
-        counts.merged_passes += len(chunk) > 1
+        counts.merged_passes += merged
         counts.rows += rows
+        counts.merged_prompts += sum(r.prompt is not None for r in met) if merged else 0
 
-    def _merged(self, chunk: list[PassRequest]) -> list[torch.Tensor]:
-        """The merged pass's results in chunk order. A prompt in it (see `plan_passes`) reads from the prefix it
-        finds now, after the turn's other prompts were read; one with no prefix to read from, or whose tail
-        would pad the other rows by more than `MAX_PROMPT_PADDING` positions, is read alone first."""
+    def _merged(self, chunk: list[PassRequest]) -> tuple[list[torch.Tensor], list[PassRequest]]:
+        """The merged pass's results in chunk order, and the requests that met in it. A prompt in it (see
+        `plan_passes`) reads from the prefix it finds now, after the turn's other prompts were read; one with
+        no prefix to read from, or whose tail would pad the other rows by more than `MAX_PROMPT_PADDING`
+        positions, is read alone first (a pass counted of its own)."""
         others = [r for r in chunk if r.prompt is None]
         widest = max(r.input_ids.shape[1] for r in others)
         rows = sum(r.input_ids.shape[0] for r in others)
@@ -379,26 +388,15 @@ class Scheduler:
             if r.prompt is not None:
                 r.cache, r.input_ids = r.member.prompt_reading(r.prompt)
                 if not r.mergeable or rows * (r.input_ids.shape[1] - widest) > MAX_PROMPT_PADDING:
-                    alone[i] = r.member.forward_alone(r.cache, r.input_ids, last_only=True)
-                    r.member.took_prompt(r.prompt, r.cache)
+                    alone[i] = r.member.read_prompt_tail(r.prompt, r.cache, r.input_ids)
                     with self.counting:
-                        self._count([r], 1)
-        together = [r for i, r in enumerate(chunk) if i not in alone]
-        results = iter(self._forward_together(together) if together else [])
-        return [alone[i] if i in alone else next(results) for i in range(len(chunk))]
-
-    def _forward_together(self, chunk: list[PassRequest]) -> list[torch.Tensor]:
-        if len(chunk) == 1:
-            (r,) = chunk
-            results = [r.member.forward_alone(r.cache, r.input_ids, r.last_only, r.lengths)]
-        else:
-            results = self._merged_pass(chunk)
-        prompts = [r for r in chunk if r.prompt is not None]
-        for r in prompts:
-            r.member.took_prompt(r.prompt, r.cache)
-        with self.counting:
-            self.counts[chunk[0].member.name].merged_prompts += len(chunk) > 1 and len(prompts)
-        return results
+                        self._count([r])
+        met = [r for i, r in enumerate(chunk) if i not in alone]  # the others at least: never empty
+        results = iter([met[0].alone()] if len(met) == 1 else self._merged_pass(met))
+        for r in met:
+            if r.prompt is not None:
+                r.member.took_prompt(r.prompt, r.cache)
+        return [alone[i] if i in alone else next(results) for i in range(len(chunk))], met
 
     def _merged_pass(self, chunk: list[PassRequest]) -> list[torch.Tensor]:
         member = chunk[0].member

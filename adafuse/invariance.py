@@ -400,9 +400,10 @@ def live_positions(lengths: list[int] | None, width: int, device, last: list[boo
         return
     positions, ends = torch.arange(width), torch.tensor(lengths)[:, None]
     live = positions < ends
-    read = live & (positions >= torch.where(torch.tensor(last)[:, None], ends - 1, 0))
-    index = live.flatten().nonzero().squeeze(1).to(device)
-    logits = read.flatten().nonzero().squeeze(1).to(device) if any(last) else index
+    index = logits = live.flatten().nonzero().squeeze(1).to(device)
+    if any(last):
+        read = live & (positions >= torch.where(torch.tensor(last)[:, None], ends - 1, 0))
+        logits = read.flatten().nonzero().squeeze(1).to(device)
     token = _LIVE.set(LivePositions((len(lengths), width), index, logits))
     try:
         yield

@@ -257,7 +257,10 @@ class Member:
         so that examples that start together share their prefix too; the last of them may instead share
         the turn's merged pass (`prompt_reading`, `took_prompt`).
         """
-        cache, tail = self.prompt_reading(ids)
+        return self.read_prompt_tail(ids, *self.prompt_reading(ids))
+
+    def read_prompt_tail(self, ids: list[int], cache: DynamicCache, tail: torch.Tensor) -> torch.Tensor:
+        """Read a prompt's `prompt_reading` in a pass of its own: the last position's logits."""
         logits = self.forward_alone(cache, tail, last_only=True)
         self.took_prompt(ids, cache)
         return logits
