@@ -32,12 +32,13 @@ The whole story, in the order it happens:
    are taken in slot order, so which rows meet in a pass and where each row sits, and hence every
    float, never depend on which thread woke first (a GPU picks its kernels by shape).
 
-5. The merged pass (adafuse/merged_pass.py). Inputs are right-padded to the widest and position ids
-   are each row's own. Exact (the default), each request's attention runs over its own cache, which
-   grows in place as in its pass alone (adafuse/cache.py `GrowingLayer`), and the linear layers
-   multiply only real positions (adafuse/invariance.py). Not exact, caches are left-padded into one
-   buffer with room to grow (`ReservedLayer`) under one attention mask, greedy steps of the same
-   examples read that buffer as it is (`Resident`), and forks copy their rows back out. The planner
+5. The merged pass (adafuse/merged_pass.py). Position ids are each row's own. Exact (the default), the
+   pass is one packed row of the requests' real positions (no padding is computed), and each request's
+   attention runs over its own cache, which grows in place as in its pass alone (adafuse/cache.py
+   `GrowingLayer`; adafuse/invariance.py). Not exact, inputs are right-padded to the widest, caches are
+   left-padded into one buffer with room to grow (`ReservedLayer`) under one attention mask, greedy
+   steps of the same examples read that buffer as it is (`Resident`), and forks copy their rows back
+   out. The planner
    splits a pass whose padded copies and logits would not fit the memory budget (`pass_bytes`); one
    that cannot fit even alone is `BatchMemoryError`, raised while planning, before any pass of that
    round runs. An example's members run side by side (`Scheduler.concurrently`), so their requests
@@ -67,9 +68,6 @@ from adafuse.model import Member
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 8  # examples in flight; the runner's and the Python API's default (README: Batching)
-# Padded positions a prompt's tail may add to the other rows of the merged pass it joins: each costs the
-# elementwise work of a position in every layer, so a long tail (a SQuAD passage) is read in a pass of its own.
-MAX_PROMPT_PADDING = 512
 
 
 class Cancelled(RuntimeError):
@@ -377,17 +375,14 @@ class Scheduler:
 
     def _merged(self, chunk: list[PassRequest]) -> tuple[list[torch.Tensor], list[PassRequest]]:
         """The merged pass's results in chunk order, and the requests that met in it. A prompt in it (see
-        `plan_passes`) reads from the prefix it finds now, after the turn's other prompts were read; one with
-        no prefix to read from, or whose tail would pad the other rows by more than `MAX_PROMPT_PADDING`
-        positions, is read alone first (a pass counted of its own)."""
-        others = [r for r in chunk if r.prompt is None]
-        widest = max(r.input_ids.shape[1] for r in others)
-        rows = sum(r.input_ids.shape[0] for r in others)
+        `plan_passes`) reads from the prefix it finds now, after the turn's other prompts were read (its tail's
+        positions join the packed pass and pad no other row); one with no prefix to read from is read alone
+        first (a pass counted of its own)."""
         alone: dict[int, torch.Tensor] = {}
         for i, r in enumerate(chunk):
             if r.prompt is not None:
                 r.cache, r.input_ids = r.member.prompt_reading(r.prompt)
-                if not r.mergeable or rows * (r.input_ids.shape[1] - widest) > MAX_PROMPT_PADDING:
+                if not r.mergeable:
                     alone[i] = r.member.read_prompt_tail(r.prompt, r.cache, r.input_ids)
                     with self.counting:
                         self._count([r])
@@ -474,7 +469,7 @@ def memory_chunks(group: list[RequestShape], memory_budget: int) -> list[list[Re
 
 def pass_bytes(requests: list[RequestShape]) -> int:
     """About the memory a merged pass takes: the padded cache, the copies its requests take back, and the logits
-    (made at each request's own positions, `live_positions`: a prompt's long tail does not widen the others')."""
+    (made at each request's own positions: a prompt's long tail does not widen the others')."""
     longest = max(r.cached for r in requests)
     width = max(r.width for r in requests)
     return sum(

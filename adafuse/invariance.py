@@ -13,12 +13,14 @@ its batch (measured on this project's CPU; the GPU is discussed in the README):
   row multiplied together with others may differ in its last bits from the same row alone.
 
 So:
-1. inside a merged pass (`split_pass`), attention runs once per request, on the request's rows, its
-   own query positions, and the keys and values of its own cache, which grows exactly as in its pass
-   alone (`split_cache`: no merged cache is built), with the mask the pass alone would build
-   (transformers' own mask functions), by the model's own attention function: the model's attention
-   implementation is wrapped (`split_attention`), and outside a merged pass the wrapper calls the
-   original unchanged;
+1. a merged pass (`split_pass`) runs as one packed row of every request's real positions, no padding
+   between them (adafuse/merged_pass.py), and attention runs once per request: its positions are laid
+   out again as its pass alone lays them out (`unpack`: its rows and width, zeros at its own right
+   padding, where the linear layers of a pass alone leave zeros), attend to the keys and values of its
+   own cache, which grows exactly as in its pass alone (`split_cache`: no merged cache is built), with
+   the mask the pass alone would build (transformers' own mask functions), by the model's own attention
+   function, and go back to the packed row (`pack`). The model's attention implementation is wrapped
+   (`split_attention`); outside a merged pass the wrapper calls the original unchanged;
 2. every linear layer, in every pass, alone or merged, multiplies its rows in fixed row tiles
    (`tiled_linear`, installed on each member's model by `tile_linear_layers`): the rows are
    zero-padded to a whole number of tiles of `tile_rows` rows, so a row's bits are those of its tile,
@@ -35,10 +37,11 @@ The tiles change the canonical computation itself: a pass of one row is multipli
 alone or batched, in `generate()` over the member's model too. A merged pass then makes the same
 number of multiplies as a pass alone (tests/engine/test_invariance.py counts them).
 
-Every other layer (norms, rotary embeddings, the softmax) computes each row on its own already. So a
-pass may also leave out rows no one reads: inside `live_positions` the linear layers multiply only
-each row's real positions, not the right padding after them, and the vocabulary projection makes
-logits for those alone (`only_live`, `packed_logits`).
+Every other layer (norms, rotary embeddings, the softmax) computes each position on its own already, so
+a position's bits do not depend on its neighbours in the packed row. A pass alone of rows of unequal
+length (`live_positions`) keeps its padded layout, but its linear layers multiply only each row's real
+positions, not the right padding after them, and the vocabulary projection makes logits for those alone
+(`only_live`, `packed_logits`); a packed pass makes logits where `packed_positions` says.
 A model whose attention cannot be wrapped (its implementation is not in transformers' attention
 registry, e.g. "eager") is never merged when exactness is asked for: its requests run alone.
 """
@@ -75,6 +78,13 @@ class Span:
     rows: slice  # its rows in the merged batch
     length: int  # L_j: its cached positions before the pass
     width: int  # n_j: its own input width (its own right padding included, as when alone)
+    start: int = 0  # a split pass: its first position in the packed sequence
+    count: int = 0  # a split pass: its live positions there
+    live: torch.Tensor | None = None  # a split pass: their flat indices (row * width + position); None: all
+
+    @property
+    def batch(self) -> int:
+        return self.rows.stop - self.rows.start
 
 
 @dataclass
@@ -126,16 +136,31 @@ def _attention(original):
         plan = _PLAN.get()
         if plan is None:
             return original(module, query, key, value, attention_mask, **kwargs)
-        batch, heads, width, _ = query.shape
-        out = query.new_zeros(batch, width, heads, value.shape[-1])
+        out = query.new_empty(1, query.shape[2], query.shape[1], value.shape[-1])
         for j, (s, (own_keys, own_values)) in enumerate(zip(plan.spans, plan.kv, strict=True)):
             mask = _alone_mask(plan, j, module.config, kwargs.get("sliding_window"), query)
-            o, _ = original(module, query[s.rows, :, : s.width], own_keys, own_values, mask, **kwargs)
-            out[s.rows, : s.width] = o
+            o, _ = original(module, unpack(query, s), own_keys, own_values, mask, **kwargs)
+            out[0, s.start : s.start + s.count] = pack(o, s)
         plan.kv = []
         return out, None
 
     return attention
+
+
+def unpack(x: torch.Tensor, s: Span) -> torch.Tensor:
+    """Request s's part of a split pass's (1, heads, positions, d) tensor, laid out as its pass alone lays it
+    out, (rows, heads, width, d) over (rows, width, heads, d) memory, with zeros at its right padding (alone,
+    the linear layers leave zeros there: `only_live`), so that its attention gets the very inputs it gets alone."""
+    part = x[0, :, s.start : s.start + s.count].transpose(0, 1)
+    if s.live is not None:
+        part = part.new_zeros(s.batch * s.width, *part.shape[1:]).index_copy_(0, s.live, part)
+    return part.reshape(s.batch, s.width, *part.shape[1:]).transpose(1, 2)
+
+
+def pack(o: torch.Tensor, s: Span) -> torch.Tensor:
+    """The live positions of request s's attention output (rows, width, heads, d), in packed order."""
+    flat = o.reshape(s.batch * s.width, *o.shape[2:])
+    return flat if s.live is None else flat.index_select(0, s.live)
 
 
 class SplitLayer(DynamicLayer):
@@ -152,17 +177,17 @@ class SplitLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         _PLAN.get().kv = [
-            own.update(key_states[s.rows, :, : s.width], value_states[s.rows, :, : s.width], *args, **kwargs)
+            own.update(unpack(key_states, s), unpack(value_states, s), *args, **kwargs)
             for own, s in zip(self.own, self.spans)
         ]
         return key_states, value_states
 
 
 def split_cache(caches: list[DynamicCache], spans: list[Span], longest: int) -> DynamicCache:
-    """The cache a split pass hands the model: one `SplitLayer` per layer over the requests' own caches."""
-    rows = spans[-1].rows.stop
+    """The cache a split pass hands the model (one packed row): one `SplitLayer` per layer over the requests'
+    own caches."""
     like = caches[0].layers[0].keys
-    placeholder = like.new_zeros(()).expand(rows, 1, longest, 1)
+    placeholder = like.new_zeros(()).expand(1, 1, longest, 1)
     split = DynamicCache()
     for layer in range(len(caches[0].layers)):
         split.layers.append(SplitLayer([c.layers[layer] for c in caches], spans, placeholder))
@@ -174,7 +199,7 @@ def _alone_mask(plan: Plan, j: int, config, sliding_window, query: torch.Tensor)
     key = (j, sliding_window)
     if key not in plan.masks:
         s = plan.spans[j]
-        rows = s.rows.stop - s.rows.start
+        rows = s.batch
         make = create_sliding_window_causal_mask if sliding_window else create_causal_mask
         plan.masks[key] = make(
             config=config,
@@ -375,10 +400,10 @@ def _position_invariant(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 @dataclass(frozen=True)
 class LivePositions:
     """The positions of a pass whose results are read: (rows, width) of the pass's input, and the flat
-    indices (row * width + position) of the live ones."""
+    indices (row * width + position) of the live ones (None: every one, a split pass's packed row)."""
 
     shape: tuple[int, int]
-    index: torch.Tensor
+    index: torch.Tensor | None
     logits: torch.Tensor  # the flat indices whose logits are made: the live ones, or a row's last where asked
 
 
@@ -411,6 +436,20 @@ def live_positions(lengths: list[int] | None, width: int, device, last: list[boo
         _LIVE.reset(token)
 
 
+@contextlib.contextmanager
+def packed_positions(count: int, logits: torch.Tensor | None):
+    """Inside this block, a split pass over one packed row of `count` positions, every one live, makes the
+    vocabulary projection's logits at the positions `logits` alone (None: at every position)."""
+    if logits is None:
+        yield
+        return
+    token = _LIVE.set(LivePositions((1, count), None, logits))
+    try:
+        yield
+    finally:
+        _LIVE.reset(token)
+
+
 def only_live(x: torch.Tensor, features: int, multiply, pack: bool = False) -> torch.Tensor:
     """`multiply` (rows, in) -> (rows, features) applied to x (..., in). Inside `live_positions`, for an x
     laid out as the pass's positions, only the live rows are multiplied. The others are zeros (finite: they
@@ -426,6 +465,8 @@ def only_live(x: torch.Tensor, features: int, multiply, pack: bool = False) -> t
         return multiply(flat).reshape(*x.shape[:-1], features)
     if pack:
         return multiply(flat.index_select(0, live.logits)).unsqueeze(0)
+    if live.index is None:
+        return multiply(flat).reshape(*x.shape[:-1], features)
     computed = multiply(flat.index_select(0, live.index))
     out = flat.new_zeros(flat.shape[0], features)
     out.index_copy_(0, live.index, computed)

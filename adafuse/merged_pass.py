@@ -1,11 +1,12 @@
 """The merged pass: one forward pass over the rows of several examples' requests to the same weights
 (adafuse/batching.py decides which requests meet; this module lays out and runs their pass).
 
-Inputs are right-padded and position ids are each row's own, so every row sees exactly its own
-context. Exact (the default), attention runs per request over the request's own cache (a split pass,
-adafuse/invariance.py); no merged cache is built. Not exact, caches are left-padded to the longest
-under one attention mask: that merged cache is a buffer with room to grow (`ReservedLayer`) that a
-pass writes in place, and a greedy step's merged cache may serve the next pass as it is (`Resident`).
+Position ids are each row's own, so every row sees exactly its own context. Exact (the default), the
+pass is one packed row of every request's real positions, and attention runs per request over the
+request's own cache (a split pass, adafuse/invariance.py); no merged cache is built and no padding is
+computed. Not exact, inputs are right-padded and caches left-padded to the longest under one attention
+mask: that merged cache is a buffer with room to grow (`ReservedLayer`) that a pass writes in place, and
+a greedy step's merged cache may serve the next pass as it is (`Resident`).
 """
 
 from dataclasses import dataclass
@@ -14,7 +15,15 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from adafuse.invariance import Span, live_positions, packed_logits, split_attention, split_cache, split_pass
+from adafuse.invariance import (
+    Span,
+    live_positions,
+    packed_logits,
+    packed_positions,
+    split_attention,
+    split_cache,
+    split_pass,
+)
 from adafuse.model import Member
 
 
@@ -86,27 +95,91 @@ def forward_together(
     """One forward pass over the rows of several requests to the same weights: the logits of each, and
     the pass's cache where it may stay resident for the next pass (see `Resident`).
 
-    Request j has a cache of length L_j (rows b_j) and inputs (b_j, n_j); inputs are right-padded to the
-    widest and the position ids are each row's own (L_j, L_j + 1, ...). Afterwards each request's cache
-    holds its own rows and new tokens, as if it had been read alone.
+    Request j has a cache of length L_j (rows b_j) and inputs (b_j, n_j); the position ids are each row's
+    own (L_j, L_j + 1, ...). Afterwards each request's cache holds its own rows and new tokens, as if it
+    had been read alone.
 
     `exact`: every request's numbers are bitwise those of its pass alone (adafuse/invariance.py). The
-    linear layers multiply all rows at once, in row tiles that make each row's bits independent of the
-    others; attention runs per request over the request's own cache, which grows as alone (a split pass:
-    no merged cache is built); a model whose attention cannot be split is refused (`can_merge_exactly`).
-    Otherwise the caches are left-padded to the longest and stacked, an attention mask hides the padding
+    pass is one packed row of every request's real positions (`_split_pass`); the linear layers multiply
+    them all at once, in row tiles that make each row's bits independent of the others; attention runs per
+    request over the request's own cache, which grows as alone (no merged cache is built); a model whose
+    attention cannot be split is refused (`can_merge_exactly`). Otherwise inputs are right-padded to the
+    widest, the caches are left-padded to the longest and stacked, an attention mask hides the padding
     (left padding shifts a row's keys and queries alike, so a sliding window keeps its true extent), and
     results equal the alone pass's up to rounding; `may_stay` (every request is a model's committed
     context) lets that merged cache serve the next pass.
 
-    `real[j]`: request j's real ids per row (None: all of its width). The linear layers multiply only
-    those positions (adafuse/invariance.py `live_positions`), not the padding up to the pass's width, and
+    `real[j]`: request j's real ids per row (None: all of its width). Only those positions are computed
+    (packed, or by the linear layers of a padded pass: adafuse/invariance.py `live_positions`), and
     request j's logits are then packed, (sum(real[j]), vocab) (`Member.forward_alone`); a request without
     `real` gets (rows, width, vocab) as alone. `last_only[j]`: request j reads its ids for the distribution
     after them alone (a prompt's tail): the vocabulary projection makes only its last position's logits, and
     it gets (rows, 1, vocab), as `Member.forward_alone(..., last_only=True)` gives.
     """
     lengths = [c.get_seq_length() for c in caches]
+    live = [n for j, x in enumerate(inputs) for n in (real[j] if real and real[j] else [x.shape[1]] * x.shape[0])]
+    last_only = last_only or [False] * len(inputs)
+    if any(one and real and real[j] for j, one in enumerate(last_only)):
+        raise ValueError("a request reads either its real ids' logits or its last position's, not both")
+    last = [one for x, one in zip(inputs, last_only) for _ in range(x.shape[0])]
+    stays = None
+    if exact:
+        if not can_merge_exactly(member.model):  # idempotent: it prepares a model on its first merged pass
+            raise ValueError(f"model {member.name!r}: its attention cannot be split per request; run its passes alone")
+        logits = _split_pass(member, caches, inputs, lengths, live, last)
+    else:
+        logits, stays = _padded_pass(member, caches, inputs, lengths, live, last, resident, may_stay)
+    results, at, row = [], 0, 0
+    for j, x in enumerate(inputs):
+        # request j's positions in the packed logits, (count, vocab) in row order
+        count = x.shape[0] if last_only[j] else sum(live[row : row + x.shape[0]])
+        own = logits[at : at + count]
+        results.append(own if real and real[j] else own.view(x.shape[0], 1 if last_only[j] else x.shape[1], -1))
+        at, row = at + count, row + x.shape[0]
+    return results, stays
+
+
+def _split_pass(member, caches, inputs, lengths, live, last) -> torch.Tensor:
+    """The exact pass: one packed row of every request's live positions, request after request, row after row
+    (no padding reaches a norm, an activation or a multiply), each attending per request as alone
+    (adafuse/invariance.py `split_pass`). Its logits, (positions read, vocab): every live position's, or a
+    row's last alone where `last` asks."""
+    device = member.device
+    spans, ids, positions, read, row, start = [], [], [], [], 0, 0
+    for x, length in zip(inputs, lengths):
+        rows, width = x.shape
+        own = live[row : row + rows]
+        index = None
+        if any(n < width for n in own):
+            index = (torch.arange(width)[None, :] < torch.tensor(own)[:, None]).flatten().nonzero().squeeze(1)
+            index = index.to(device)
+        flat_ids = x.flatten()
+        flat_positions = torch.arange(length, length + width, device=device).repeat(rows)
+        ids.append(flat_ids if index is None else flat_ids[index])
+        positions.append(flat_positions if index is None else flat_positions[index])
+        spans.append(Span(slice(row, row + rows), length, width, start, sum(own), index))
+        for n, one in zip(own, last[row : row + rows]):
+            read.extend(range(start + n - 1 if one else start, start + n))
+            start += n
+        row += rows
+    head = torch.tensor(read, device=device) if any(last) else None
+    cache = split_cache(caches, spans, max(lengths))
+    with packed_positions(start, head), split_pass(spans, max(lengths)):
+        out = member.model(
+            input_ids=torch.cat(ids)[None],
+            position_ids=torch.cat(positions)[None],
+            use_cache=True,
+            **{member.cache_arg: cache},
+        )
+    logits = out.logits[0]
+    if head is not None and logits.shape[0] == start:  # a head that could not be wrapped made every position's
+        logits = logits.index_select(0, head)
+    return logits.float()
+
+
+def _padded_pass(member, caches, inputs, lengths, live, last, resident, may_stay):
+    """The pass not exact: inputs right-padded to the widest, each row at its own positions (`_forward_padded`).
+    Its logits as `_split_pass` gives them, and the merged cache where it may stay resident."""
     longest, width = max(lengths), max(x.shape[1] for x in inputs)
     device = member.device
     ids = torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1]), value=int(x[0, -1])) for x in inputs])
@@ -117,31 +190,10 @@ def forward_together(
     for length, x in zip(lengths, inputs):
         spans.append(Span(slice(row, row + x.shape[0]), length, x.shape[1]))
         row += x.shape[0]
-    live = [n for j, x in enumerate(inputs) for n in (real[j] if real and real[j] else [x.shape[1]] * x.shape[0])]
-    last_only = last_only or [False] * len(inputs)
-    if any(one and real and real[j] for j, one in enumerate(last_only)):
-        raise ValueError("a request reads either its real ids' logits or its last position's, not both")
-    last = [one for x, one in zip(inputs, last_only) for _ in range(x.shape[0])]
     kwargs = {"input_ids": ids, "position_ids": positions, "use_cache": True}
-    stays = None
     with live_positions(live, width, device, last):
-        if exact:
-            if not can_merge_exactly(member.model):  # idempotent: it prepares a model on its first merged pass
-                raise ValueError(
-                    f"model {member.name!r}: its attention cannot be split per request; run its passes alone"
-                )
-            with split_pass(spans, longest):  # each request's own cache and masks replace the merged ones
-                out = member.model(**kwargs, **{member.cache_arg: split_cache(caches, spans, longest)})
-        else:
-            out, stays = _forward_padded(member, caches, spans, longest, width, kwargs, resident, may_stay)
-    logits, results, at = packed_logits(out.logits, live, width, last).float(), [], 0
-    for j, (x, s) in enumerate(zip(inputs, spans)):
-        # request j's positions in the packed logits, (count, vocab) in row order
-        count = x.shape[0] if last_only[j] else sum(live[s.rows])
-        own = logits[at : at + count]
-        results.append(own if real and real[j] else own.view(x.shape[0], 1 if last_only[j] else x.shape[1], -1))
-        at += count
-    return results, stays
+        out, stays = _forward_padded(member, caches, spans, longest, width, kwargs, resident, may_stay)
+    return packed_logits(out.logits, live, width, last).float(), stays
 
 
 def _forward_padded(member, caches, spans, longest, width, kwargs, resident, may_stay):

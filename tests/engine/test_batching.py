@@ -12,7 +12,7 @@ import weakref
 import pytest
 import torch
 
-from adafuse import Ensemble, Request, SingleConfig, batching
+from adafuse import Ensemble, Request, SingleConfig
 from adafuse.batching import Scheduler, decode_many
 from adafuse.cache import PromptStore
 from adafuse.config import ModelConfig
@@ -60,33 +60,6 @@ def test_batched_predictions_equal_unbatched_ones(paper_pair, shared_data, metho
     assert scheduler.merged > 0  # passes did carry several examples' rows
     # and refilled slots read their prompts' tails in those passes, not in passes of their own
     assert all(counts.merged_prompts > 0 for counts in scheduler.counts.values())
-
-
-def test_a_prompt_tail_too_wide_to_merge_is_read_alone_and_counted_as_its_own_pass(
-    paper_pair, shared_data, monkeypatch
-):
-    """With no padding allowed, every prompt planned into a merged pass is read in a pass of its own first:
-    the same texts as with merging, one more pass each, and none counted as read in a merged pass."""
-    cases = prompts_of_many_lengths(shared_data)
-    spec, cfg = resolve_method("single", {"member": 1})
-
-    def run() -> tuple[dict, Scheduler]:
-        scheduler = Scheduler()
-
-        def one(members, i):
-            prompt, stop, budget = cases[i]
-            return spec.generate(members, Request(prompt, stop, budget), cfg)
-
-        texts = {i: g.text for i, g in decode_many(paper_pair.members, range(len(cases)), one, 3, scheduler)}
-        return texts, scheduler
-
-    merging, merged = run()
-    monkeypatch.setattr(batching, "MAX_PROMPT_PADDING", -1)
-    apart, alone = run()
-    assert apart == merging
-    (name,) = merged.counts
-    assert merged.counts[name].merged_prompts > 0 and alone.counts[name].merged_prompts == 0
-    assert alone.counts[name].passes == merged.counts[name].passes + merged.counts[name].merged_prompts
 
 
 def test_examples_that_start_together_read_the_few_shot_prefix_once(tiny, shared_data):

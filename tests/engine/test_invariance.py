@@ -93,6 +93,29 @@ def test_a_prompt_tail_read_in_a_merged_pass_gets_the_logits_and_cache_of_its_re
             assert torch.equal(member.forward_alone(_copy(cache), x), logits)
 
 
+def test_rows_of_unequal_length_in_a_merged_pass_get_the_logits_and_cache_of_their_pass_alone(pair):
+    """Forks whose rows read unequal numbers of ids (branches that ended, candidates of unequal length, a row
+    that reads nothing) beside greedy steps: the split pass packs only their real positions, and every
+    request gets the logits and the cache of its pass alone (where the linear layers leave its padding at
+    zeros), bit for bit."""
+    for member in pair.members:
+        steps = started(member, PROMPTS[4:7])
+        step_inputs = [torch.tensor([[c.logprobs.argmax().item()]], device=member.device) for c in steps]
+        forks = [c.fork(3) for c in started(member, PROMPTS[:3])]
+        fork_inputs = [torch.tensor(rows, device=member.device) for rows in ([[5, 6, 7]] * 3, [[8, 9]] * 3, [[4]] * 3)]
+        real = [[3, 1, 2], [0, 2, 1], [1, 0, 1]] + [None] * len(steps)
+        caches = [f.cache for f in forks] + [c.cache for c in steps]
+        inputs = fork_inputs + step_inputs
+        alone_caches, merged_caches = [_copy(c) for c in caches], [_copy(c) for c in caches]
+        alone = [member.forward_alone(c, x, lengths=n) for c, x, n in zip(alone_caches, inputs, real)]
+        merged, _ = forward_together(member, merged_caches, inputs, real=real)
+        assert [m.shape for m in merged[:3]] == [(6, member.vocab_size), (3, member.vocab_size), (2, member.vocab_size)]
+        assert all(torch.equal(a, m) for a, m in zip(alone, merged, strict=True)), member.name
+        for a_cache, m_cache in zip(alone_caches, merged_caches):
+            for a, m in zip(a_cache.layers, m_cache.layers, strict=True):
+                assert torch.equal(a.keys, m.keys) and torch.equal(a.values, m.values), member.name
+
+
 def _copy(cache):
     """A cache of its own over the same tensors (a forward pass replaces its layers' tensors)."""
     from adafuse.cache import derive_cache
