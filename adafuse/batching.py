@@ -38,12 +38,11 @@ The whole story, in the order it happens:
    `GrowingLayer`; adafuse/invariance.py). Not exact, inputs are right-padded to the widest, caches are
    left-padded into one buffer with room to grow (`ReservedLayer`) under one attention mask, greedy
    steps of the same examples read that buffer as it is (`Resident`), and forks copy their rows back
-   out. The planner
-   splits a pass whose padded copies and logits would not fit the memory budget (`pass_bytes`); one
-   that cannot fit even alone is `BatchMemoryError`, raised while planning, before any pass of that
-   round runs. An example's members run side by side (`Scheduler.concurrently`), so their requests
-   wait in the same turn, and a turn runs each model's passes on a thread of its own, each on its share
-   of the cores (adafuse/cores.py).
+   out. The planner splits a pass whose padded copies and logits would not fit the memory budget
+   (`pass_bytes`); one that cannot fit even alone is `BatchMemoryError`, raised while planning, before
+   any pass of that round runs. An example's members run side by side (`Scheduler.concurrently`), so
+   their requests wait in the same turn, and a turn runs each model's passes on a thread of its own,
+   each on its share of the cores (adafuse/cores.py).
 
 6. Endings. An exception in a worker, or a caller that stops iterating, ends the run: the scheduler
    is closed, every waiting request and every later one fails with `Cancelled`, and every worker

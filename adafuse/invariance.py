@@ -131,8 +131,9 @@ def split_attention(model) -> bool:
 
 def _attention(original):
     def attention(module, query, key, value, attention_mask, **kwargs):
-        """query (batch, heads, width, d). In a split pass, each request attends with its own cache's keys
-        and values, which its `SplitLayer` has just handed over (key and value are only the new ones)."""
+        """query (batch, heads, width, d); in a split pass (1, heads, positions, d), the packed row, where
+        each request attends with its own cache's keys and values, which its `SplitLayer` has just handed
+        over (key and value are only the new ones)."""
         plan = _PLAN.get()
         if plan is None:
             return original(module, query, key, value, attention_mask, **kwargs)
