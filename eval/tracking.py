@@ -62,9 +62,17 @@ class Tracker:
         """Close the run; with `metrics` (the run is complete), record them and the predictions table."""
         if self.run is None:
             return
-        if metrics is None:
-            self.run.finish()
-            return
+        import wandb
+
+        if metrics is not None:
+            self._record_final(metrics, records)
+        self.run.finish()
+        # finish() can return before W&B's writer, a process of its own, has written the run's log out (it
+        # was found holding only its header); tearing the service down waits for it, so the offline run is
+        # whole on disk when this returns, for a `wandb sync` or a job's end right after.
+        wandb.teardown()
+
+    def _record_final(self, metrics: dict, records: list[dict]) -> None:
         import wandb
 
         self.run.summary.update({f"final/{k}": v for k, v in metrics["metrics"].items()})
@@ -81,7 +89,6 @@ class Tracker:
                 *(r["scores"].get(k) for k in columns[4:]),
             )
         self.run.log({"predictions": table})
-        self.run.finish()
 
 
 def _shard_suffix(config: dict) -> str:

@@ -259,7 +259,7 @@ def test_offline_wandb_run_holds_config_running_and_final_metrics(tmp_path):
     metrics = run_task("custom", "single", out, *custom, "wandb.mode=offline")
     expected = scored_as_written(out, metrics)
     assert expected["em"] > 0 and expected["f1"] > 0, "the check below needs scores above 0"
-    (log,) = out.glob("wandb/offline-run-*/run-*.wandb")
+    (log,) = out.glob("wandb/offline-run-*/run-*.wandb")  # whole as the run returns (`Tracker.finish`)
     summary, history, config = {}, [], set()
     for record in wandb_records(log):
         kind = record.WhichOneof("record_type")
