@@ -163,13 +163,13 @@ def _split_pass(member, caches, inputs, lengths, live, last) -> torch.Tensor:
             start += n
         row += rows
     head = torch.tensor(read, device=device) if any(last) else None
-    cache = split_cache(caches, spans, max(lengths))
-    with packed_positions(start, head), split_pass(spans, max(lengths)):
+    longest = max(lengths)
+    with packed_positions(start, head), split_pass(spans, longest):
         out = member.model(
             input_ids=torch.cat(ids)[None],
             position_ids=torch.cat(positions)[None],
             use_cache=True,
-            **{member.cache_arg: cache},
+            **{member.cache_arg: split_cache(caches, spans, longest)},
         )
     logits = out.logits[0]
     if head is not None and logits.shape[0] == start:  # a head that could not be wrapped made every position's
@@ -178,8 +178,9 @@ def _split_pass(member, caches, inputs, lengths, live, last) -> torch.Tensor:
 
 
 def _padded_pass(member, caches, inputs, lengths, live, last, resident, may_stay):
-    """The pass not exact: inputs right-padded to the widest, each row at its own positions (`_forward_padded`).
-    Its logits as `_split_pass` gives them, and the merged cache where it may stay resident."""
+    """The pass not exact: inputs right-padded to the widest, each row at its own positions, over the caches
+    left-padded and stacked under one merged mask. Its logits as `_split_pass` gives them, and the merged
+    cache where it may stay resident."""
     longest, width = max(lengths), max(x.shape[1] for x in inputs)
     device = member.device
     ids = torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1]), value=int(x[0, -1])) for x in inputs])
@@ -190,22 +191,15 @@ def _padded_pass(member, caches, inputs, lengths, live, last, resident, may_stay
     for length, x in zip(lengths, inputs):
         spans.append(Span(slice(row, row + x.shape[0]), length, x.shape[1]))
         row += x.shape[0]
-    kwargs = {"input_ids": ids, "position_ids": positions, "use_cache": True}
-    with live_positions(live, width, device, last):
-        out, stays = _forward_padded(member, caches, spans, longest, width, kwargs, resident, may_stay)
-    return packed_logits(out.logits, live, width, last).float(), stays
-
-
-def _forward_padded(member, caches, spans, longest, width, kwargs, resident, may_stay):
-    """The pass over the caches left-padded and stacked, under one merged mask (not exact): its output, and
-    the merged cache where it may stay resident."""
-    rows = spans[-1].rows.stop
-    mask = torch.zeros(rows, longest + width, dtype=torch.long, device=member.device)
+    mask = torch.zeros(row, longest + width, dtype=torch.long, device=device)
     for s in spans:
         mask[s.rows, longest - s.length : longest + s.width] = 1
     merged = resident.merged if resident is not None and resident.holds(caches) else _merge(caches, longest, width)
-    out = member.model(attention_mask=mask, **kwargs, **{member.cache_arg: merged})
-    stays = may_stay and all(s.width == width and s.rows.stop - s.rows.start == 1 for s in spans)
+    with live_positions(live, width, device, last):
+        out = member.model(
+            input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True, **{member.cache_arg: merged}
+        )
+    stays = may_stay and all(s.width == width and s.batch == 1 for s in spans)
     for cache, s in zip(caches, spans):
         span = slice(longest - s.length, longest + s.width)
         for own, new in zip(cache.layers, merged.layers):
@@ -215,7 +209,8 @@ def _forward_padded(member, caches, spans, longest, width, kwargs, resident, may
                 # request keeps its cache (a scored candidate waits for the commit), and on GSM8K with
                 # 8 examples in flight those merged caches reached 11 GB.
                 own.keys, own.values = own.keys.clone(), own.values.clone()
-    return out, Resident(list(caches), merged, [c.layers[0].keys for c in caches]) if stays else None
+    resident = Resident(list(caches), merged, [c.layers[0].keys for c in caches]) if stays else None
+    return packed_logits(out.logits, live, width, last).float(), resident
 
 
 def can_merge_exactly(model) -> bool:
