@@ -146,7 +146,7 @@ class PassRequest:
 
     @property
     def mergeable(self) -> bool:
-        # An empty cache has no layers to pad (a prompt read from the start runs alone).
+        # An empty cache has no layers to read from or pad (a prompt read from the start runs alone).
         return self.cache.get_seq_length() > 0
 
     @property

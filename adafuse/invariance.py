@@ -426,7 +426,7 @@ def live_positions(lengths: list[int] | None, width: int, device, last: list[boo
         return
     positions, ends = torch.arange(width), torch.tensor(lengths)[:, None]
     live = positions < ends
-    index = logits = live.flatten().nonzero().squeeze(1).to(device)
+    index = logits = live_index(lengths, width, device)
     if any(last):
         read = live & (positions >= torch.where(torch.tensor(last)[:, None], ends - 1, 0))
         logits = read.flatten().nonzero().squeeze(1).to(device)
@@ -435,6 +435,11 @@ def live_positions(lengths: list[int] | None, width: int, device, last: list[boo
         yield
     finally:
         _LIVE.reset(token)
+
+
+def live_index(lengths: list[int], width: int, device) -> torch.Tensor:
+    """The flat indices (row * width + position) of the first lengths[i] positions of each row i."""
+    return (torch.arange(width) < torch.tensor(lengths)[:, None]).flatten().nonzero().squeeze(1).to(device)
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from transformers.cache_utils import DynamicLayer
 
 from adafuse.invariance import (
     Span,
+    live_index,
     live_positions,
     packed_logits,
     packed_positions,
@@ -149,10 +150,7 @@ def _split_pass(member, caches, inputs, lengths, live, last) -> torch.Tensor:
     for x, length in zip(inputs, lengths):
         rows, width = x.shape
         own = live[row : row + rows]
-        index = None
-        if any(n < width for n in own):
-            index = (torch.arange(width)[None, :] < torch.tensor(own)[:, None]).flatten().nonzero().squeeze(1)
-            index = index.to(device)
+        index = live_index(own, width, device) if any(n < width for n in own) else None
         flat_ids = x.flatten()
         flat_positions = torch.arange(length, length + width, device=device).repeat(rows)
         ids.append(flat_ids if index is None else flat_ids[index])
