@@ -27,6 +27,7 @@ kernels by shape, and the tiles of adafuse/invariance.py already fix that shape.
 
 import functools
 import itertools
+import weakref
 
 import torch
 
@@ -116,14 +117,19 @@ def _multiply_on_free_cores(count: int, multiply) -> None:
         helper.result()
 
 
+# head -> (weight, bias, its row blocks): kept beside the module, not on it, so that a deep copy of a model
+# (tools/testing.py `narrow_window`) makes its own blocks instead of copying views, which deepcopy refuses
+_BLOCKS: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
+
+
 def _blocks(head: torch.nn.Linear) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """The head's row blocks (views of its weight and bias), made once for the weight it holds now."""
     weight, bias = head.weight, head.bias
-    kept = getattr(head, "_adafuse_blocks", None)
+    kept = _BLOCKS.get(head)
     if kept is None or kept[0] is not weight or kept[1] is not bias:
         blocks = [
             (weight[i : i + BLOCK_ROWS], None if bias is None else bias[i : i + BLOCK_ROWS])
             for i in range(0, weight.shape[0], BLOCK_ROWS)
         ]
-        kept = head._adafuse_blocks = (weight, bias, blocks)
+        kept = _BLOCKS[head] = (weight, bias, blocks)
     return kept[2]
