@@ -275,13 +275,19 @@ def multiply_in_tiles(padded: torch.Tensor, weight: torch.Tensor, bias: torch.Te
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear(x, weight, bias) on the calling thread's share of the cores (adafuse/cores.py), where a
-    probe shows that the fewer threads give the same bits (`fewer_threads_keep_bits`); else on all."""
-    threads = blas_threads() if weight.device.type == "cpu" and weight.dtype in _MKL_DTYPES else None
-    if threads is not None and not fewer_threads_keep_bits(weight, bias, x.shape[0], threads):
-        threads = None
-    with mkl_threads(threads):
+    """F.linear(x, weight, bias) on the calling thread's share of the cores (`linear_threads`)."""
+    with mkl_threads(linear_threads(weight, bias, x.shape[0])):
         return F.linear(x, weight, bias)
+
+
+def linear_threads(weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> int | None:
+    """The MKL threads a multiply of `rows` rows runs on: the calling thread's share of the cores
+    (adafuse/cores.py), where a probe shows that the fewer threads give the same bits
+    (`fewer_threads_keep_bits`); else None, all of them."""
+    threads = blas_threads() if weight.device.type == "cpu" and weight.dtype in _MKL_DTYPES else None
+    if threads is not None and not fewer_threads_keep_bits(weight, bias, rows, threads):
+        return None
+    return threads
 
 
 def _kernel_key(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from adafuse import cores
+from adafuse import cores, projection
 from adafuse.invariance import pad_to_tiles
 from adafuse.model import Member
 from adafuse.projection import BLOCK_ROWS, MIN_HIDDEN, block_output_projection
@@ -18,29 +18,40 @@ from adafuse.projection import BLOCK_ROWS, MIN_HIDDEN, block_output_projection
 
 class BlockCount:
     """Counts the multiplies by one block of a weight of `vocab` rows, and by the whole of it, on every thread
-    (a kept thread may take some of a multiply's blocks: adafuse/projection.py), and the threads of the blocks."""
+    (a kept thread may take some of a multiply's blocks: adafuse/projection.py), and the threads of the blocks.
+    Blocks are multiplied in runs by a TorchScript loop (`projection._products`), counted per run's blocks;
+    those of a shape whose one call would not keep its tiles' bits, by F.linear tile by tile."""
 
     def __init__(self, vocab: int):
         self.vocab, self.blocks, self.whole, self.threads = vocab, 0, 0, set()
         self.per_multiply = -(-vocab // BLOCK_ROWS)  # the blocks of one blocked multiply
         self.lock = threading.Lock()
 
+    def _saw(self, weights: list[torch.Tensor]) -> None:
+        with self.lock:
+            blocks = sum(w.shape[0] == BLOCK_ROWS for w in weights)
+            self.blocks += blocks
+            if blocks:
+                self.threads.add(threading.get_ident())
+            self.whole += sum(w.shape[0] == self.vocab for w in weights)
+
     def __enter__(self) -> "BlockCount":
-        self.linear = F.linear
+        self.linear, self.products = F.linear, projection._products
+        scripted = self.products()
 
         def counting(x, weight, bias=None):
-            with self.lock:
-                if weight.shape[0] == BLOCK_ROWS:
-                    self.blocks += 1
-                    self.threads.add(threading.get_ident())
-                self.whole += weight.shape[0] == self.vocab
+            self._saw([weight])
             return self.linear(x, weight, bias)
 
-        F.linear = counting
+        def counting_runs(x, weights, biases, out, column, rows):
+            self._saw(weights)
+            return scripted(x, weights, biases, out, column, rows)
+
+        F.linear, projection._products = counting, lambda: counting_runs
         return self
 
     def __exit__(self, *exc) -> None:
-        F.linear = self.linear
+        F.linear, projection._products = self.linear, self.products
 
 
 @pytest.mark.slow
