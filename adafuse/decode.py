@@ -114,10 +114,10 @@ class RoundEnd:
     to G, reaches a stop string and is cut at the same point (spec §5), so whichever one would win, G
     ends as `target`.
 
-    Candidates report as soon as their text settles the cut (`stopping.settled_cut`): a word being
-    completed pauses there (`completing_words`), and a model's proposal with it. One candidate that
-    ends without a stop, or at another point, makes the round run in full: the paused proposals resume
-    where they stopped, so they end exactly as they would have without the pause.
+    Candidates report as soon as their text settles the cut (`stopping.settled_cut`): before each step of a
+    word's completion (`completing_words`), a model's proposal says whether it settles (`propose_all`).
+    One candidate that ends without a stop, or at another point, makes the round run in full: the
+    proposals then end exactly as they would have without the early finish.
     """
 
     def __init__(self, text: str, stop: tuple[str, ...]):
@@ -157,39 +157,61 @@ def propose_all(
     """Every model's (proposals, ModelRound). `together` runs one task per model and returns their results
     (`Session.concurrently`: side by side in a batched run, so the models' passes meet in the same turns).
 
-    With `ending`, each model's proposal pauses where the text of every candidate it can still make
-    settles (its own `RoundEnd`, so that no model's steps depend on how far another has got). If every
-    model paused or ended, all settling at the same cut, `ending.settled` and a paused model's entry is
-    None: its proposal is dropped. Otherwise the paused ones resume and end as they would have unpaused."""
-    own_endings = [None if ending is None else ending.fresh() for _ in members]
+    With `ending`, the models step together, one forward pass each per step, while the round may still end
+    early. Before each step every model says whether the text of every candidate it can still make settles
+    (its own `RoundEnd`, so that no model's steps depend on how far another has got). When all that are
+    still proposing settle, and their cuts agree with those of the ones that have ended, `ending.settled`,
+    and an unfinished model's entry is None: its proposal is dropped. A model that has settled while
+    another has not steps on meanwhile, as it would have unsettled: if the round does not end early, its
+    proposal is already further on, not waiting to be finished after the others' (a turn per step)."""
+    if ending is None:
+        return together([functools.partial(finish, proposing(m, cfg, round_idx, None)) for m in members])
+    own_endings = [ending.fresh() for _ in members]
     steps = [proposing(m, cfg, round_idx, own) for m, own in zip(members, own_endings)]
-    results = together([functools.partial(next_pause, step) for step in steps])
-    if ending is not None:
-        for own, result in zip(own_endings, results):  # in model order
-            ending.agree([own.target] if result is None else [ending.cut(p.text, final=True) for p in result[0]])
-        if ending.settled:
-            return results
-    paused = [k for k, result in enumerate(results) if result is None]
-    for k, result in zip(paused, together([functools.partial(finish, steps[k]) for k in paused])):
+    results: list = [None] * len(members)
+    running = list(range(len(members)))
+    while running and all(own_endings[k].possible for k in running):
+        settled = []
+        for k, (ended, value) in zip(running, together([functools.partial(advance, steps[k]) for k in running])):
+            if ended:
+                results[k] = value
+            else:
+                settled.append(value)
+        running = [k for k in running if results[k] is None]
+        if running and all(settled):
+            _agree(ending, own_endings, results)
+            if ending.settled:
+                return results
+            break
+    for k, result in zip(running, together([functools.partial(finish, steps[k]) for k in running])):
         results[k] = result
+    if not running:  # every model ended within the steps: their candidates may still all settle
+        _agree(ending, own_endings, results)
     return results
 
 
-def next_pause(steps: Generator):
-    """Run a paused computation on: its result, or None if it paused again."""
+def _agree(ending: RoundEnd, own_endings: list[RoundEnd], results: list) -> None:
+    """Settle `ending` on every model's candidates, in model order: the cut its own ending settled on for a
+    model still proposing, the cuts of its candidates for one that has ended."""
+    for own, result in zip(own_endings, results):
+        ending.agree([own.target] if result is None else [ending.cut(p.text, final=True) for p in result[0]])
+
+
+def advance(steps: Generator) -> tuple[bool, object]:
+    """Run a proposal on to the point before its next step: (False, whether it settles there), or
+    (True, its result) if it has ended."""
     try:
-        next(steps)
+        return False, next(steps)
     except StopIteration as done:
-        return done.value
-    return None
+        return True, done.value
 
 
 def finish(steps: Generator):
-    """Run a paused computation to its end (nothing can end the round early any more): its result."""
+    """Run a proposal to its end, through every point where it could have paused: its result."""
     while True:
-        result = next_pause(steps)
-        if result is not None:
-            return result
+        ended, value = advance(steps)
+        if ended:
+            return value
 
 
 def positions_needed(cfg: AdaFuseConfig, max_new_tokens: int) -> int:
@@ -213,9 +235,9 @@ def propose(m: Member, cfg: AdaFuseConfig, round_idx: int = 0) -> tuple[list[Pro
 
 def proposing(
     m: Member, cfg: AdaFuseConfig, round_idx: int, ending: RoundEnd | None
-) -> Generator[None, None, tuple[list[Proposal], ModelRound]]:
-    """`propose`, pausing (yielding) wherever the text of every candidate it can still make settles
-    `ending` (its words are completed by `completing_words`)."""
+) -> Generator[bool, None, tuple[list[Proposal], ModelRound]]:
+    """`propose`, yielding before each step of its words' completion (`completing_words`), with `ending`:
+    whether the text of every candidate it can still make settles `ending` there."""
     adaptive = cfg.fixed_words is None  # the ablation commits fixed_words greedy words, no confidence test
     rows = m.fork(1)
     logprobs, words, margins = m.logprobs, [], []
@@ -244,8 +266,8 @@ def explore(m: Member, rows: Rows, words: list[Word], logprobs: torch.Tensor, cf
 
 
 def exploring(m: Member, rows: Rows, words: list[Word], logprobs: torch.Tensor, cfg: AdaFuseConfig, ending):
-    """`explore`, pausing where every branch's text settles `ending` (not the beam search: it ranks
-    whole words)."""
+    """`explore`, yielding before each step whether every branch's text settles `ending` (not the beam
+    search: it ranks whole words)."""
     if cfg.diversity or cfg.branches == 1:
         # distinct first tokens, by probability, each one that can start a character
         firsts = m.tokens.restrict(logprobs).topk(cfg.branches).indices.tolist()
@@ -277,10 +299,10 @@ def completing_words(
     max_tokens: int,
     ending: RoundEnd | None,
     last: bool,
-) -> Generator[None, None, list[Word]]:
-    """`complete_words`, pausing (yielding) before a step when every row still growing has text that
-    settles `ending`, and so do the rows already complete if their words end candidates (`last`).
-    All rows pause together, so the steps after a resume are the very steps they would have been."""
+) -> Generator[bool, None, list[Word]]:
+    """`complete_words`, yielding before each step, with `ending`: whether every row still growing has text
+    that settles `ending`, and so do the rows already complete if their words end candidates (`last`).
+    Yields change nothing in the steps: run on after any of them, the words are the ones it would make."""
     context = m.ids + [i for w in before for i in w.ids]
     committed = "".join(w.text for w in before)
     words: list[Word | None] = [None] * len(firsts)
@@ -304,8 +326,9 @@ def completing_words(
                 if fed
             ]
             complete = [ending.cut(committed + w.text, True) for w in words if w is not None] if last else []
-            if None not in growing and ending.agree(growing + complete):
-                yield
+            yield None not in growing and ending.agree(growing + complete)
+        elif ending is not None:
+            yield False
         step = rows.extend(feed)
         for i, fed in enumerate(feed):
             if not fed:
