@@ -306,6 +306,7 @@ def _kernel_key(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
 _TILE_ROWS = Verdicts("tile_rows")  # kernel key -> the rows of its tile
 _ONE_CALL = Verdicts("one_call")  # (kernel key, padded rows) -> does one call give every tile's bits?
 _FEWER_THREADS = Verdicts("fewer_threads")  # (kernel key, rows, MKL threads) -> the bits of all threads?
+_BATCHED_BLOCKS = Verdicts("batched_blocks")  # (block kernel key, rows, MKL threads) -> blockwise bits?
 _MKL_DTYPES = (torch.float32, torch.float64)  # the CPU multiplies MKL runs (bfloat16 runs in oneDNN)
 
 
@@ -359,6 +360,26 @@ def fewer_threads_keep_bits(weight: torch.Tensor, bias: torch.Tensor | None, row
             return torch.equal(fewer, F.linear(x, weight, bias))
 
     return _FEWER_THREADS.get_or_probe((_kernel_key(weight, bias), rows, threads), probe)
+
+
+def block_products(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """x (rows, in) times each of `blocks` (n, out, in): (n, rows, out), block i's product as F.linear(x,
+    blocks[i]) where `batched_blocks_keep_bits` says so. One call: no Python, and no lock, between blocks."""
+    return torch.bmm(x.expand(blocks.shape[0], *x.shape), blocks.transpose(1, 2))
+
+
+def batched_blocks_keep_bits(blocks: torch.Tensor, rows: int, threads: int | None) -> bool:
+    """Does `block_products` give each block of `rows` rows the bits of F.linear by that block, both on
+    `threads` MKL threads (None: all)? Probed once per block kernel key, row count and thread count, on
+    first use (or read from the probe store), on three of the blocks."""
+
+    def probe() -> bool:
+        with torch.inference_mode(), mkl_threads(threads):
+            x = _probe_input(rows, blocks[0], seed=rows)
+            batched = block_products(x, blocks[:3])
+            return all(torch.equal(batched[i], F.linear(x, blocks[i])) for i in range(batched.shape[0]))
+
+    return _BATCHED_BLOCKS.get_or_probe((_kernel_key(blocks[0], None), rows, threads), probe)
 
 
 def _probe_input(rows: int, weight: torch.Tensor, seed: int) -> torch.Tensor:

@@ -11,7 +11,10 @@ dimension, so every logit keeps the bits of one multiply over the whole matrix w
 Each block is multiplied in row tiles like every other linear layer (adafuse/invariance.py
 `tiled_linear`): the rows are padded to whole tiles once, and every block's multiply is probed as its own
 kernel. A blocked head is blocked for every number of rows, one included, so that a row's logits never
-depend on how many rows its pass had (blocks of a different shape would be another kernel).
+depend on how many rows its pass had (blocks of a different shape would be another kernel). Blocks go
+in runs of HELPER_CHECK, each run one batched multiply (`block_products`) where a probe shows that it gives
+every block the bits of its own multiply: a loop over blocks in Python took and dropped Python's lock at
+every block, and the other model's pass, on a thread beside it, waited for it each time.
 
 MKL does not divide a multiply of a few rows between threads, so with a core to spare (a model decoding
 alone, or the other model's pass of the turn over: adafuse/cores.py) a kept thread takes blocks too, each
@@ -33,7 +36,10 @@ import torch
 
 from adafuse import cores
 from adafuse.invariance import (
+    batched_blocks_keep_bits,
+    block_products,
     fewer_threads_keep_bits,
+    linear,
     linear_threads,
     multiply_in_tiles,
     one_call_is_tiled,
@@ -43,7 +49,7 @@ from adafuse.invariance import (
 
 BLOCK_ROWS = 512
 MIN_HIDDEN = 256
-HELPER_CHECK = 16  # blocks in a run: one Python call each, and a look for a free core between runs
+HELPER_CHECK = 16  # blocks in a run: one call each, and a look for a free core between runs
 
 
 def block_output_projection(model) -> None:
@@ -63,7 +69,7 @@ def _blocked(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _blocked_rows(head: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
-    rows, blocks = flat.shape[0], _blocks(head)
+    rows, (blocks, stacked) = flat.shape[0], _blocks(head)
     # block shape -> the rows padded to its tiles, whether one call keeps their bits, and whether one MKL
     # thread does: every block of a shape is one kernel (all but perhaps the last block share one), probed
     # once, not once per block
@@ -74,23 +80,29 @@ def _blocked_rows(head: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
             whole = one_call_is_tiled(w, b, x.shape[0])
             one_thread = cores.can_share() and whole and fewer_threads_keep_bits(w, b, x.shape[0], 1)
             padded[w.shape] = x, whole, one_thread
+    on_free_cores = all(one_thread for _, _, one_thread in padded.values())
     out = flat.new_empty(rows, head.weight.shape[0])
 
     def multiply(run: range) -> None:
-        """The blocks of `run` (one shape) into their columns of `out`."""
+        """The blocks of `run` (one shape) into their columns of `out`: in one call where that keeps each
+        block's bits (`block_products`), else one by one."""
         w, b = blocks[run.start]
         x, whole, _ = padded[w.shape]
-        if not whole:
-            for i in run:
-                out[:, i * BLOCK_ROWS : i * BLOCK_ROWS + w.shape[0]] = multiply_in_tiles(x, *blocks[i])[:rows]
+        first = run.start * BLOCK_ROWS
+        threads = 1 if on_free_cores else linear_threads(w, b, x.shape[0])
+        batched = whole and stacked is not None and run.stop <= len(stacked)
+        if batched and batched_blocks_keep_bits(stacked, x.shape[0], threads):
+            with cores.mkl_threads(threads):
+                product = block_products(x, stacked[run.start : run.stop])
+            columns = out[:, first : first + len(run) * BLOCK_ROWS].view(rows, len(run), BLOCK_ROWS)
+            columns.copy_(product[:, :rows].transpose(0, 1))
             return
-        weights = [blocks[i][0] for i in run]
-        biases = None if b is None else [blocks[i][1] for i in run]
-        with cores.mkl_threads(linear_threads(w, b, x.shape[0])):
-            _products()(x, weights, biases, out, run.start * BLOCK_ROWS, rows)
+        for i in run:
+            block = (linear if whole else multiply_in_tiles)(x, *blocks[i])
+            out[:, i * BLOCK_ROWS : i * BLOCK_ROWS + w.shape[0]] = block[:rows]
 
     runs = _runs(blocks)
-    if all(one_thread for _, _, one_thread in padded.values()):
+    if on_free_cores:
         _multiply_on_free_cores(runs, multiply)
     else:
         for run in runs:
@@ -108,29 +120,6 @@ def _runs(blocks: list[tuple[torch.Tensor, torch.Tensor | None]]) -> list[range]
         else:
             runs[-1] = range(last.start, i + 1)
     return runs
-
-
-@functools.cache
-def _products():
-    """Blocks multiplied in a loop that TorchScript runs without Python's lock: one Python call per run of
-    blocks, not per block, so that the other model's pass thread is not kept waiting for the lock between
-    blocks (262,144 / 512 = 512 blocks a pass for Gemma-3). Each block is the same F.linear as alone."""
-
-    def products(
-        x: torch.Tensor,
-        weights: list[torch.Tensor],
-        biases: list[torch.Tensor] | None,
-        out: torch.Tensor,
-        column: int,
-        rows: int,
-    ) -> None:
-        for i in range(len(weights)):
-            w = weights[i]
-            b = None if biases is None else biases[i]
-            out[:, column : column + w.shape[0]] = torch.nn.functional.linear(x, w, b)[:rows]
-            column += w.shape[0]
-
-    return torch.jit.script(products)
 
 
 def _multiply_on_free_cores(runs: list[range], multiply) -> None:
@@ -160,13 +149,16 @@ def _multiply_on_free_cores(runs: list[range], multiply) -> None:
         helper.result()
 
 
-# head -> (weight, bias, its row blocks): kept beside the module, not on it, so that a deep copy of a model
-# (tools/testing.py `narrow_window`) makes its own blocks instead of copying views, which deepcopy refuses
+# head -> (weight, bias, its row blocks, its full blocks stacked): kept beside the module, not on it, so that
+# a deep copy of a model (tools/testing.py `narrow_window`) makes its own blocks instead of copying views,
+# which deepcopy refuses
 _BLOCKS: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
 
 
-def _blocks(head: torch.nn.Linear) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """The head's row blocks (views of its weight and bias), made once for the weight it holds now."""
+def _blocks(head: torch.nn.Linear) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], torch.Tensor | None]:
+    """The head's row blocks (views of its weight and bias), and its full blocks as one (blocks, BLOCK_ROWS,
+    in) view for `block_products` (None with a bias, or a weight whose rows cannot be viewed so), made once
+    for the weight it holds now."""
     weight, bias = head.weight, head.bias
     kept = _BLOCKS.get(head)
     if kept is None or kept[0] is not weight or kept[1] is not bias:
@@ -174,5 +166,8 @@ def _blocks(head: torch.nn.Linear) -> list[tuple[torch.Tensor, torch.Tensor | No
             (weight[i : i + BLOCK_ROWS], None if bias is None else bias[i : i + BLOCK_ROWS])
             for i in range(0, weight.shape[0], BLOCK_ROWS)
         ]
-        kept = _BLOCKS[head] = (weight, bias, blocks)
-    return kept[2]
+        full = weight.shape[0] // BLOCK_ROWS
+        stackable = bias is None and full > 0 and weight.is_contiguous()
+        stacked = weight[: full * BLOCK_ROWS].view(full, BLOCK_ROWS, weight.shape[1]) if stackable else None
+        kept = _BLOCKS[head] = (weight, bias, blocks, stacked)
+    return kept[2], kept[3]

@@ -19,8 +19,7 @@ from adafuse.projection import BLOCK_ROWS, MIN_HIDDEN, block_output_projection
 class BlockCount:
     """Counts the multiplies by one block of a weight of `vocab` rows, and by the whole of it, on every thread
     (a kept thread may take some of a multiply's blocks: adafuse/projection.py), and the threads of the blocks.
-    Blocks are multiplied in runs by a TorchScript loop (`projection._products`), counted per run's blocks;
-    those of a shape whose one call would not keep its tiles' bits, by F.linear tile by tile."""
+    Blocks are multiplied in runs, one batched multiply each (`block_products`), or one F.linear each."""
 
     def __init__(self, vocab: int):
         self.vocab, self.blocks, self.whole, self.threads = vocab, 0, 0, set()
@@ -36,22 +35,21 @@ class BlockCount:
             self.whole += sum(w.shape[0] == self.vocab for w in weights)
 
     def __enter__(self) -> "BlockCount":
-        self.linear, self.products = F.linear, projection._products
-        scripted = self.products()
+        self.linear, self.products = F.linear, projection.block_products
 
         def counting(x, weight, bias=None):
             self._saw([weight])
             return self.linear(x, weight, bias)
 
-        def counting_runs(x, weights, biases, out, column, rows):
-            self._saw(weights)
-            return scripted(x, weights, biases, out, column, rows)
+        def counting_runs(x, blocks):
+            self._saw(list(blocks))
+            return self.products(x, blocks)
 
-        F.linear, projection._products = counting, lambda: counting_runs
+        F.linear, projection.block_products = counting, counting_runs
         return self
 
     def __exit__(self, *exc) -> None:
-        F.linear, projection._products = self.linear, self.products
+        F.linear, projection.block_products = self.linear, self.products
 
 
 @pytest.mark.slow
