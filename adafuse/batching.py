@@ -23,9 +23,11 @@ The whole story, in the order it happens:
    example has finished. When all wait, `Scheduler.run_waiting` plans the passes and then runs them,
    as vLLM's scheduler hands a schedule to its executor. `plan_passes` is plain data in, plain data
    out (`RequestShape`s in, `PassPlan`s out): the prompts first, each a pass of its own, then one
-   merged forward pass per weights, split into chunks where memory requires. Exact, each weights'
-   last prompt of the turn is read in its merged pass instead (a slot refilled while the others
-   decode: its tail costs the rows it adds, not a pass). `Scheduler.run_pass` runs one planned pass:
+   merged forward pass per weights, split into chunks where memory requires. Exact, only the prompts
+   that a later prompt of the turn reads more from than it finds read already (`prompt_sources`: the
+   first of examples that start together on a new few-shot prefix) get a pass of their own; every other
+   prompt is read in its weights' merged pass (a slot refilled while the others decode: its tail costs
+   the positions it adds, not a pass). `Scheduler.run_pass` runs one planned pass:
    a prompt from the longest prefix that any slot or a stored prompt holds (adafuse/cache.py
    `PromptStore`: examples that start together read their task's few-shot prefix once), a request
    alone, or a merged pass (adafuse/merged_pass.py `forward_together`). Requests
@@ -52,13 +54,14 @@ The whole story, in the order it happens:
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import psutil
 import torch
 
+from adafuse.cache import common_prefix
 from adafuse.cores import CoreShare
 from adafuse.errors import BatchMemoryError
 from adafuse.merged_pass import Resident, can_merge_exactly, forward_together
@@ -102,7 +105,7 @@ class RequestShape:
     slot: int
     model: str  # the member's name
     weights: int  # which weights it runs on: only requests to the same weights share a pass
-    prompt: bool  # a prompt to read (`Member.read_prompt`): a pass of its own, or the last one in a merged pass
+    prompt: bool  # a prompt to read (`Member.read_prompt`): a pass of its own, or in a merged pass (`plan_passes`)
     mergeable: bool  # the request itself may share a pass (see `PassRequest.mergeable`)
     rows: int
     cached: int  # tokens in its cache
@@ -311,6 +314,7 @@ class Scheduler:
                 lambda shape: self._merges(by_slot[shape.slot].member),
                 self.memory_budget,
                 merge_prompts=self.exact,
+                read_first=prompt_sources(requests),
             )
             by_weights: dict[int, list[PassPlan]] = {}
             for plan in plans:
@@ -354,8 +358,9 @@ class Scheduler:
         except BaseException as err:  # the workers re-raise it; the run stops with the real error
             for r in chunk:
                 r.error = err
-        with self.counting:
-            self._count(met)
+        if met:
+            with self.counting:
+                self._count(met)
         for r in chunk:
             r.done.set()
 
@@ -385,8 +390,8 @@ class Scheduler:
                     alone[i] = r.member.read_prompt_tail(r.prompt, r.cache, r.input_ids)
                     with self.counting:
                         self._count([r])
-        met = [r for i, r in enumerate(chunk) if i not in alone]  # the others at least: never empty
-        results = iter([met[0].alone()] if len(met) == 1 else self._merged_pass(met))
+        met = [r for i, r in enumerate(chunk) if i not in alone]  # empty if every one was a prompt read alone
+        results = iter([] if not met else [met[0].alone()] if len(met) == 1 else self._merged_pass(met))
         for r in met:
             if r.prompt is not None:
                 r.member.took_prompt(r.prompt, r.cache)
@@ -408,11 +413,33 @@ class Scheduler:
         return results
 
 
+def prompt_sources(requests: list[PassRequest]) -> set[int]:
+    """The slots of the waiting prompts that a later prompt of the turn (slot order, same weights) would read
+    more of than it finds already read: in a stored prompt, its own context, or a source before it. Only
+    those need a pass of their own before the others (examples that start together on a store that lacks
+    their few-shot prefix: the first one's)."""
+    sources: set[int] = set()
+    earlier: dict[int, list[PassRequest]] = {}  # per weights: the prompts before, in slot order
+    for r in sorted(requests, key=lambda r: r.slot):
+        if r.prompt is None:
+            continue
+        before = earlier.setdefault(id(r.member.model), [])
+        if before:
+            found, _ = r.member.prompts.longest_prefix(r.prompt, r.member.ids, r.member.cache)
+            found = max([found] + [common_prefix(e.prompt, r.prompt) for e in before if e.slot in sources])
+            best = max(before, key=lambda e: common_prefix(e.prompt, r.prompt))  # the first of the longest
+            if common_prefix(best.prompt, r.prompt) > found:
+                sources.add(best.slot)
+        before.append(r)
+    return sources
+
+
 def plan_passes(
     requests: list[RequestShape],
     merges: Callable[[RequestShape], bool],
     memory_budget: int,
     merge_prompts: bool = False,
+    read_first: Collection[int] = (),
 ) -> list[PassPlan]:
     """The passes that run a round's waiting requests, in the order to run them; everything in slot order.
 
@@ -422,14 +449,13 @@ def plan_passes(
     such request, in slot order); a group that merges is cut into chunks whose pass fits
     `memory_budget` (`pass_bytes`), any other runs one request per pass.
 
-    `merge_prompts` (exact passes, where a request's numbers do not depend on its pass): each weights'
-    last prompt joins its merged passes instead, as no later prompt reads from it. It then reads its
-    tail after its prefix in the same pass as the other examples' steps, not in a pass of its own.
+    `merge_prompts` (exact passes, where a request's numbers do not depend on its pass): only the prompts in
+    `read_first` (a later prompt reads from them: `prompt_sources`) are read first; every other prompt joins
+    its weights' merged passes, where it reads its tail after its prefix beside the other examples' steps.
     """
     ordered = sorted(requests, key=lambda r: r.slot)
     prompts = [r for r in ordered if r.prompt]
-    last_prompts = {r.weights: r for r in prompts}.values() if merge_prompts else []
-    joining = {r.slot for r in last_prompts if merges(r)}
+    joining = {r.slot for r in prompts if merge_prompts and r.slot not in read_first and merges(r)}
     plans = [PassPlan("prompt", (r.slot,)) for r in prompts if r.slot not in joining]
     groups: dict[tuple[int, bool], list[RequestShape]] = {}
     for r in ordered:

@@ -253,9 +253,9 @@ class Member:
         """Make `ids` the context and the cache theirs, reading only what no stored prompt or the own
         context holds; returns the last position's logits and stores the prompt for the next one (`prompts`).
 
-        A scheduler calls this for a batch's waiting prompts one after another, when the pass runs,
-        so that examples that start together share their prefix too; the last of them may instead share
-        the turn's merged pass (`prompt_reading`, `took_prompt`).
+        A scheduler calls this for the turn's prompts that others read from, one after another, when the
+        pass runs, so that examples that start together share their prefix too; the others share the
+        turn's merged pass (`prompt_reading`, `took_prompt`).
         """
         return self.read_prompt_tail(ids, *self.prompt_reading(ids))
 
