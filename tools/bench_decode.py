@@ -91,6 +91,17 @@ def task_prompts(name: str, count: int, data_dir: Path) -> tuple[list[str], list
     return [task.prompt(ex) for ex in task.examples], list(cfg.stop)
 
 
+def cpu_model() -> str:
+    """The processor's model name (Linux), else what the platform says: figures differ by machine."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
 
@@ -592,7 +603,12 @@ def main() -> None:
     # section 6 loads the pair through the lm_eval model, which holds its own; section 8 runs run.py
     ens = None if args.only in ("lm_eval", "default_run") else Ensemble.from_config(["smollm2_135m", "gemma3_270m"])
     scale = args.scale or (0.25 if args.quick else 1.0)
-    record = {"threads": args.threads, "torch": torch.__version__, "python": platform.python_version()}
+    record = {
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": cpu_model(),
+    }
     if args.only in (None, "batching"):
         print("3. batching across examples (same prompts at each batch size)", flush=True)
         record["batching"] = batching = compare_batch_sizes(

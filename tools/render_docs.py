@@ -53,6 +53,8 @@ def provenance(file: str, data: dict) -> str:
         facts.append(f"{data['threads']} thread" + ("" if data["threads"] == 1 else "s"))
     if "torch" in data:
         facts.append(f"torch {data['torch']}")
+    if data.get("cpu"):
+        facts.append(f"CPU {data['cpu']}")
     if "load_average" in data:
         one, five, fifteen = data["load_average"]
         facts.append(f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} (1 / 5 / 15 minutes) at the end")
