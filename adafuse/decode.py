@@ -207,7 +207,7 @@ def advance(steps: Generator) -> tuple[bool, object]:
 
 
 def finish(steps: Generator):
-    """Run a proposal to its end, through every point where it could have paused: its result."""
+    """Run a proposal to its end, past every point where it says whether it settles: its result."""
     while True:
         ended, value = advance(steps)
         if ended:
