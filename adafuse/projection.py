@@ -69,7 +69,7 @@ def _blocked(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _blocked_rows(head: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
-    rows, (blocks, stacked) = flat.shape[0], _blocks(head)
+    rows, (blocks, stacked, runs) = flat.shape[0], _blocks(head)
     # block shape -> the rows padded to its tiles, whether one call keeps their bits, and whether one MKL
     # thread does: every block of a shape is one kernel (all but perhaps the last block share one), probed
     # once, not once per block
@@ -101,7 +101,6 @@ def _blocked_rows(head: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
             block = (linear if whole else multiply_in_tiles)(x, *blocks[i])
             out[:, i * BLOCK_ROWS : i * BLOCK_ROWS + w.shape[0]] = block[:rows]
 
-    runs = _runs(blocks)
     if on_free_cores:
         _multiply_on_free_cores(runs, multiply)
     else:
@@ -149,16 +148,16 @@ def _multiply_on_free_cores(runs: list[range], multiply) -> None:
         helper.result()
 
 
-# head -> (weight, bias, its row blocks, its full blocks stacked): kept beside the module, not on it, so that
-# a deep copy of a model (tools/testing.py `narrow_window`) makes its own blocks instead of copying views,
-# which deepcopy refuses
+# head -> (weight, bias, its row blocks, its full blocks stacked, their runs): kept beside the module, not on
+# it, so that a deep copy of a model (tools/testing.py `narrow_window`) makes its own blocks instead of
+# copying views, which deepcopy refuses
 _BLOCKS: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
 
 
-def _blocks(head: torch.nn.Linear) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], torch.Tensor | None]:
-    """The head's row blocks (views of its weight and bias), and its full blocks as one (blocks, BLOCK_ROWS,
-    in) view for `block_products` (None with a bias, or a weight whose rows cannot be viewed so), made once
-    for the weight it holds now."""
+def _blocks(head: torch.nn.Linear) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], torch.Tensor | None, list]:
+    """The head's row blocks (views of its weight and bias), its full blocks as one (blocks, BLOCK_ROWS, in)
+    view for `block_products` (None with a bias, or a weight whose rows cannot be viewed so), and the runs
+    they are multiplied in (`_runs`), made once for the weight it holds now, not at every pass."""
     weight, bias = head.weight, head.bias
     kept = _BLOCKS.get(head)
     if kept is None or kept[0] is not weight or kept[1] is not bias:
@@ -169,5 +168,5 @@ def _blocks(head: torch.nn.Linear) -> tuple[list[tuple[torch.Tensor, torch.Tenso
         full = weight.shape[0] // BLOCK_ROWS
         stackable = bias is None and full > 0 and weight.is_contiguous()
         stacked = weight[: full * BLOCK_ROWS].view(full, BLOCK_ROWS, weight.shape[1]) if stackable else None
-        kept = _BLOCKS[head] = (weight, bias, blocks, stacked)
-    return kept[2], kept[3]
+        kept = _BLOCKS[head] = (weight, bias, blocks, stacked, _runs(blocks))
+    return kept[2], kept[3], kept[4]
