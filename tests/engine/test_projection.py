@@ -41,9 +41,9 @@ class BlockCount:
             self._saw([weight])
             return self.linear(x, weight, bias)
 
-        def counting_runs(x, blocks):
+        def counting_runs(x, blocks, out=None):
             self._saw(list(blocks))
-            return self.products(x, blocks)
+            return self.products(x, blocks, out=out)
 
         F.linear, projection.block_products = counting, counting_runs
         return self
