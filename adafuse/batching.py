@@ -62,7 +62,7 @@ import psutil
 import torch
 
 from adafuse.cache import common_prefix
-from adafuse.cores import CoreShare
+from adafuse.cores import CoreShare, quick_gil_handoff
 from adafuse.errors import BatchMemoryError
 from adafuse.merged_pass import Resident, can_merge_exactly, forward_together
 from adafuse.model import Member
@@ -332,8 +332,9 @@ class Scheduler:
             # Each model's passes in plan order; different models' passes side by side (threads), so that one
             # model's Python overlaps the other's multiplies, each on its share of the cores (adafuse/cores.py).
             # No pass reads what another model's pass writes.
-            for done in [self.pool.submit(run_in_order, group) for group in by_weights.values()]:
-                done.result()
+            with quick_gil_handoff():
+                for done in [self.pool.submit(run_in_order, group) for group in by_weights.values()]:
+                    done.result()
         finally:  # a round that could not be planned (BatchMemoryError) leaves no worker waiting
             for r in requests:
                 if not r.done.is_set():

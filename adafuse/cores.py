@@ -18,6 +18,7 @@ nothing changes.
 import contextlib
 import ctypes
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,6 +42,8 @@ def _mkl_local_threads():
 
 
 _SET_LOCAL = _mkl_local_threads()
+# Seconds a thread that runs Python may keep the GIL while another waits for it (Python's default: 0.005)
+HANDOFF_SECONDS = 0.001
 _JOINED = threading.local()  # .share: the CoreShare the calling thread runs in, if any
 _KEPT: dict[tuple[str, int], ThreadPoolExecutor] = {}  # (purpose, process id) -> its threads
 _KEPT_LOCK = threading.Lock()
@@ -108,3 +111,17 @@ def mkl_threads(count: int | None):
         yield
     finally:
         _SET_LOCAL(previous)
+
+
+@contextlib.contextmanager
+def quick_gil_handoff(seconds: float = HANDOFF_SECONDS):
+    """Inside this block, a thread waiting for the GIL gets it after at most `seconds` (sys.setswitchinterval,
+    never raised). Passes side by side alternate between Python (the GIL held) and kernels (the GIL free):
+    with Python's 5 ms, a pass back from a multiply could wait that long while the other ran its Python.
+    Outputs do not change: which thread runs when never changes what a pass computes."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(min(previous, seconds))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)

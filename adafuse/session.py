@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from adafuse.cores import CoreShare, kept_threads
+from adafuse.cores import CoreShare, kept_threads, quick_gil_handoff
 from adafuse.model import Member
 from adafuse.stopping import check_budget, cut_at_stop, stop_strings
 from adafuse.trace import Generation, RoundTrace, Stats, Trace
@@ -73,15 +73,16 @@ def side_by_side(tasks: list[Callable[[], object]]) -> list[object]:
     others = [kept_threads("member", 7).submit(on_side, task) for task in tasks[1:]]
     results: list[object] = [None] * len(tasks)
     errors: list[BaseException | None] = [None] * len(tasks)
-    try:
-        results[0] = on_side(tasks[0])
-    except BaseException as err:
-        errors[0] = err
-    for i, done in enumerate(others, start=1):
+    with quick_gil_handoff():
         try:
-            results[i] = done.result()
+            results[0] = on_side(tasks[0])
         except BaseException as err:
-            errors[i] = err
+            errors[0] = err
+        for i, done in enumerate(others, start=1):
+            try:
+                results[i] = done.result()
+            except BaseException as err:
+                errors[i] = err
     for err in errors:
         if err is not None:
             raise err

@@ -1,6 +1,7 @@
 """Threads side by side share the cores in their multiplies (adafuse/cores.py), and no bit changes."""
 
 import ctypes
+import sys
 import threading
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from adafuse import cores, invariance
+from adafuse.batching import Scheduler
 from adafuse.cores import CoreShare, blas_threads, mkl_threads
 
 PROMPTS = [
@@ -95,3 +97,32 @@ def test_a_multiply_whose_bits_change_with_its_threads_runs_on_all_of_them(monke
         monkeypatch.setitem(invariance._FEWER_THREADS, key, True)
         invariance.linear(x, weight, None)
     assert counts == [None, threads]
+
+
+def test_passes_side_by_side_hand_the_gil_over_quickly_and_the_interval_is_restored(tiny, monkeypatch):
+    """Both models' passes of a turn run with the short switch interval (`quick_gil_handoff`); after the
+    run, the process's own interval is back."""
+    seen = []
+    run_pass = Scheduler.run_pass
+
+    def recording(self, plan, chunk):
+        seen.append(sys.getswitchinterval())
+        return run_pass(self, plan, chunk)
+
+    monkeypatch.setattr(Scheduler, "run_pass", recording)
+    before = sys.getswitchinterval()
+    tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=4, batch_size=3)
+    assert seen and all(interval == pytest.approx(min(before, cores.HANDOFF_SECONDS), rel=0.02) for interval in seen)
+    assert sys.getswitchinterval() == before
+
+
+def test_the_handoff_never_raises_the_interval():
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(cores.HANDOFF_SECONDS / 10)
+        with cores.quick_gil_handoff():
+            assert sys.getswitchinterval() == pytest.approx(cores.HANDOFF_SECONDS / 10, rel=0.02)
+        with cores.quick_gil_handoff(cores.HANDOFF_SECONDS / 100):
+            assert sys.getswitchinterval() == pytest.approx(cores.HANDOFF_SECONDS / 100, rel=0.02)
+    finally:
+        sys.setswitchinterval(before)
