@@ -383,9 +383,8 @@ def batched_blocks_keep_bits(blocks: torch.Tensor, rows: int, threads: int | Non
     def probe() -> bool:
         with torch.inference_mode(), mkl_threads(threads):
             x = _probe_input(rows, blocks[0], seed=rows)
-            batched = block_products(
-                x, blocks[:3], out=x.new_empty(3, rows, blocks.shape[1])
-            )  # as `_blocked_rows` calls it
+            products = x.new_empty(3, rows, blocks.shape[1])  # into a buffer, as `_blocked_rows` multiplies
+            batched = block_products(x, blocks[:3], out=products)
             return all(torch.equal(batched[i], F.linear(x, blocks[i])) for i in range(batched.shape[0]))
 
     return _BATCHED_BLOCKS.get_or_probe((_kernel_key(blocks[0], None), rows, threads), probe)
