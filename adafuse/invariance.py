@@ -362,17 +362,10 @@ def fewer_threads_keep_bits(weight: torch.Tensor, bias: torch.Tensor | None, row
     return _FEWER_THREADS.get_or_probe((_kernel_key(weight, bias), rows, threads), probe)
 
 
-def block_products(x: torch.Tensor, blocks: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def block_products(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """x (rows, in) times each of `blocks` (n, out, in): (n, rows, out), block i's product as F.linear(x,
-    blocks[i]) where `batched_blocks_keep_bits` says so. One call: no Python, and no lock, between blocks.
-    `out`: a contiguous (n, rows, out) tensor to write the products into (copied there where autograd records
-    the multiply: it refuses an out= argument)."""
-    product = functools.partial(torch.bmm, x.expand(blocks.shape[0], *x.shape), blocks.transpose(1, 2))
-    if out is None:
-        return product()
-    if torch.is_grad_enabled() and (x.requires_grad or blocks.requires_grad):
-        return out.copy_(product())
-    return product(out=out)
+    blocks[i]) where `batched_blocks_keep_bits` says so. One call: no Python, and no lock, between blocks."""
+    return torch.bmm(x.expand(blocks.shape[0], *x.shape), blocks.transpose(1, 2))
 
 
 def batched_blocks_keep_bits(blocks: torch.Tensor, rows: int, threads: int | None) -> bool:
@@ -383,8 +376,7 @@ def batched_blocks_keep_bits(blocks: torch.Tensor, rows: int, threads: int | Non
     def probe() -> bool:
         with torch.inference_mode(), mkl_threads(threads):
             x = _probe_input(rows, blocks[0], seed=rows)
-            products = x.new_empty(3, rows, blocks.shape[1])  # into a buffer, as `_blocked_rows` multiplies
-            batched = block_products(x, blocks[:3], out=products)
+            batched = block_products(x, blocks[:3])
             return all(torch.equal(batched[i], F.linear(x, blocks[i])) for i in range(batched.shape[0]))
 
     return _BATCHED_BLOCKS.get_or_probe((_kernel_key(blocks[0], None), rows, threads), probe)

@@ -82,24 +82,21 @@ def _blocked_rows(head: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
             padded[w.shape] = x, whole, one_thread
     on_free_cores = all(one_thread for _, _, one_thread in padded.values())
     out = flat.new_empty(rows, head.weight.shape[0])
-    # the batched runs' products, block after block; moved into `out` once every run has ended: a transposing
-    # copy per run, while a kept thread multiplied beside it, ran its OpenMP threads on cores both threads held
-    products = (
-        None if stacked is None else flat.new_empty(len(stacked), padded[stacked.shape[1:]][0].shape[0], BLOCK_ROWS)
-    )
-    batched_runs: list[range] = []
+    # each batched run's products, (blocks, padded rows, BLOCK_ROWS), moved into `out` once every run has ended:
+    # a transposing copy per run, while a kept thread multiplied beside it, ran its OpenMP threads on cores
+    # both threads held
+    products: dict[int, torch.Tensor] = {}  # first block -> its run's products
 
     def multiply(run: range) -> None:
-        """The blocks of `run` (one shape): in one call into `products` where that keeps each block's bits
-        (`block_products`), else one by one into their columns of `out`."""
+        """The blocks of `run` (one shape): in one call where that keeps each block's bits (`block_products`),
+        else one by one into their columns of `out`."""
         w, b = blocks[run.start]
         x, whole, _ = padded[w.shape]
         threads = 1 if on_free_cores else linear_threads(w, b, x.shape[0])
         batched = whole and stacked is not None and run.stop <= len(stacked)
         if batched and batched_blocks_keep_bits(stacked, x.shape[0], threads):
             with cores.mkl_threads(threads):
-                block_products(x, stacked[run.start : run.stop], out=products[run.start : run.stop])
-            batched_runs.append(run)
+                products[run.start] = block_products(x, stacked[run.start : run.stop])
             return
         for i in run:
             block = (linear if whole else multiply_in_tiles)(x, *blocks[i])
@@ -110,21 +107,10 @@ def _blocked_rows(head: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
     else:
         for run in runs:
             multiply(run)
-    for span in _spans(batched_runs):
-        columns = out[:, span.start * BLOCK_ROWS : span.stop * BLOCK_ROWS].view(rows, len(span), BLOCK_ROWS)
-        columns.copy_(products[span.start : span.stop, :rows].transpose(0, 1))
+    for first, product in products.items():
+        columns = out[:, first * BLOCK_ROWS : (first + len(product)) * BLOCK_ROWS].view(rows, len(product), BLOCK_ROWS)
+        columns.copy_(product[:, :rows].transpose(0, 1))
     return out
-
-
-def _spans(runs: list[range]) -> list[range]:
-    """The blocks of `runs` (in any order) as the fewest ranges of consecutive blocks."""
-    spans: list[range] = []
-    for run in sorted(runs, key=lambda r: r.start):
-        if spans and spans[-1].stop == run.start:
-            spans[-1] = range(spans[-1].start, run.stop)
-        else:
-            spans.append(run)
-    return spans
 
 
 def _runs(blocks: list[tuple[torch.Tensor, torch.Tensor | None]]) -> list[range]:

@@ -41,9 +41,9 @@ class BlockCount:
             self._saw([weight])
             return self.linear(x, weight, bias)
 
-        def counting_runs(x, blocks, out=None):
+        def counting_runs(x, blocks):
             self._saw(list(blocks))
-            return self.products(x, blocks, out=out)
+            return self.products(x, blocks)
 
         F.linear, projection.block_products = counting, counting_runs
         return self
