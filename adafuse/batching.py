@@ -54,6 +54,7 @@ The whole story, in the order it happens:
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -96,6 +97,9 @@ class PassCounts:
     merged_passes: int = 0  # passes that carried the requests of more than one example
     rows: int = 0  # rows over all passes
     merged_prompts: int = 0  # prompts read in a merged pass, not in a pass of their own (`plan_passes`)
+    seconds: float = (
+        0.0  # wall time its passes took, log-softmax included (on its own thread, beside the other model's)
+    )
 
 
 @dataclass(frozen=True)
@@ -173,8 +177,11 @@ class PassRequest:
 class Scheduler:
     """Gathers the forward requests of every example in flight and runs them in merged passes."""
 
-    def __init__(self, memory_budget: int | None = None, exact: bool = True):
+    def __init__(self, memory_budget: int | None = None, exact: bool = True, side_by_side: bool = True):
         self.exact = exact  # merged passes bitwise equal to each request alone (adafuse/invariance.py)
+        # different models' passes of a turn run on threads of their own, side by side; False: one model's after
+        # the other's, each on every core (what a model's passes cost with nothing beside them; same outputs)
+        self.side_by_side = side_by_side
         self.lock = threading.Condition()
         self.turn = threading.Lock()  # held by the one worker that is running
         self.waiting: list[PassRequest] = []
@@ -206,7 +213,7 @@ class Scheduler:
     def report(self) -> dict[str, dict]:
         """Per model name, how its requests met and its pass counts, as plain data (a run's metrics.json):
         {"attention": ..., "linear": ... (see `Meeting`; None before its first decoding pass),
-        "passes": ..., "merged_passes": ..., "rows": ...}."""
+        "passes": ..., "merged_passes": ..., "rows": ..., "merged_prompts": ..., "seconds": ...}."""
         report = {}
         for name, counts in self.counts.items():
             meeting = self.meetings.get(name)
@@ -322,13 +329,17 @@ class Scheduler:
                 by_weights.setdefault(id(member.model), []).append(plan)
                 self.counts.setdefault(member.name, PassCounts())  # in plan order: the report's model order
 
-            share = CoreShare(len(by_weights))
+            share = CoreShare(len(by_weights) if self.side_by_side else 1)
 
             def run_in_order(weights_plans: list[PassPlan]) -> None:
                 with share.joined():
                     for plan in weights_plans:
                         self.run_pass(plan, [by_slot[slot] for slot in plan.slots])
 
+            if not self.side_by_side:
+                for group in by_weights.values():
+                    self.pool.submit(run_in_order, group).result()
+                return
             # Each model's passes in plan order; different models' passes side by side (threads), so that one
             # model's Python overlaps the other's multiplies, each on its share of the cores (adafuse/cores.py).
             # No pass reads what another model's pass writes.
@@ -345,6 +356,7 @@ class Scheduler:
         """Run one planned pass over its requests (in the plan's slot order), hand each its logits or
         the error, and count the pass."""
         met = chunk  # the requests that shared the pass: a merged plan's prompt may be read alone first
+        start = time.perf_counter()
         try:
             if plan.kind == "prompt":
                 (r,) = chunk
@@ -359,9 +371,10 @@ class Scheduler:
         except BaseException as err:  # the workers re-raise it; the run stops with the real error
             for r in chunk:
                 r.error = err
-        if met:
-            with self.counting:
+        with self.counting:
+            if met:
                 self._count(met)
+            self.counts.setdefault(chunk[0].member.name, PassCounts()).seconds += time.perf_counter() - start
         for r in chunk:
             r.done.set()
 

@@ -122,20 +122,22 @@ class Ensemble:
         batch_size: int = DEFAULT_BATCH_SIZE,
         method="adafuse",
         exact: bool = True,
+        side_by_side: bool = True,
         scheduler: Scheduler | None = None,
         **options,
     ) -> "DecodeStream":
         """Decode (key, prompt or Request) items with `batch_size` examples in flight (adafuse/batching.py);
         iterating yields (key, Generation) as each finishes. With `exact` (the default) each Generation
         equals, bit for bit, what `decode` returns for its request (adafuse/invariance.py); without, up to
-        rounding. Request settings given as keywords apply to every item that is a plain prompt."""
+        rounding. `side_by_side=False` runs one model's passes after the other's, each on every core (the
+        same outputs). Request settings given as keywords apply to every item that is a plain prompt."""
         options, settings = _split_request_fields(options)
         spec, cfg = resolve_method(method, options)
 
         def one(members, item):
             return spec.generate(members, Request.of(item[1], **settings), cfg)
 
-        scheduler = scheduler or Scheduler(exact=exact)
+        scheduler = scheduler or Scheduler(exact=exact, side_by_side=side_by_side)
         return DecodeStream(decode_many(self.members, items, one, batch_size, scheduler), scheduler)
 
     def decode_batch(self, prompts: list[str | Request], **kwargs) -> list[Generation]:

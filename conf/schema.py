@@ -31,6 +31,7 @@ CANNOT_CHANGE_PREDICTIONS = (
     "cache_dir",
     "threads",
     "batch_size",
+    "batch_side_by_side",
     "progress",
     "results_dir",
     "wandb.mode",
@@ -125,6 +126,9 @@ class RunConf:
     # Batching). false merges linear layers across examples where that changes their last bits (fast,
     # float32 on a CPU): batch_size then joins the run id, and a run resumes only at its own size.
     batch_exact: bool = True
+    # An example's models run their passes side by side, each on its share of the cores (adafuse/cores.py).
+    # false: one model's passes after the other's, each on every core; outputs are the same (docs/speed.md).
+    batch_side_by_side: bool = True
     progress: bool = True
     results_dir: str = "results"  # runs write to <results_dir>/<task>/<method>/<model_pair>/<run_id>
     # Set by the `protocol` group (conf/protocol/): none, or paper (the paper's files, prompts, decoder and

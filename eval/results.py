@@ -32,7 +32,8 @@ from conf.schema import resumable_settings
 
 log = logging.getLogger(__name__)
 
-PASS_COUNTS = ("passes", "merged_passes", "rows", "merged_prompts")  # a model's pass counts (batching.PassCounts)
+# a model's pass counts and its passes' seconds (batching.PassCounts), summed over the processes that decoded
+PASS_COUNTS = ("passes", "merged_passes", "rows", "merged_prompts", "seconds")
 
 
 def _flat(tree, prefix="") -> dict:

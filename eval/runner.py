@@ -167,7 +167,13 @@ def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tra
     done = [r["scores"][primary] for r in out.records.values() if primary in r["scores"]]
     bar = tqdm(total=len(todo), desc=f"{task.name} {method.name}", unit="ex", disable=not settings.progress)
     requests = ((ex, Request(prompts[ex.id], task.cfg.stop, task.cfg.max_new_tokens, settings.trace)) for ex in todo)
-    stream = ensemble.decode_stream(requests, batch_size=settings.batch_size, method=method, exact=settings.batch_exact)
+    stream = ensemble.decode_stream(
+        requests,
+        batch_size=settings.batch_size,
+        method=method,
+        exact=settings.batch_exact,
+        side_by_side=settings.batch_side_by_side,
+    )
     # With several examples in flight an example's own seconds overlap the others'; what a run costs is
     # the wall time between finishes, which sums to this process's decoding time at any batch size.
     last_finish = time.perf_counter()
@@ -195,9 +201,10 @@ def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tra
     batching = stream.batching
     for name, how in batching.items():
         log.info(
-            "batching, %s: attention %s, linear layers %s; %d passes, %d merged (%d prompts read in them), %d rows",
+            "batching, %s: attention %s, linear layers %s; %d passes, %d merged (%d prompts read in them), %d rows, "
+            "%.1f s",
             *(name, how["attention"], how["linear"], how["passes"], how["merged_passes"], how["merged_prompts"]),
-            how["rows"],
+            *(how["rows"], how["seconds"]),
         )
     out.append_batching(settings.task.shard, len(todo), batching)
 
@@ -221,8 +228,13 @@ def summary(task: Task, records: list[dict], settings, models, out: RunDir) -> d
         "limit": task.cfg.limit,
         # Per model, summed over the processes that decoded (batching.jsonl): how requests met
         # ("attention"/"linear": merged, row_tiles, per_request or alone) and "passes", "merged_passes", "rows",
-        # "merged_prompts".
-        "batching": {"batch_size": settings.batch_size, "exact": settings.batch_exact, "models": out.batching()},
+        # "merged_prompts", "seconds" (its passes' wall time).
+        "batching": {
+            "batch_size": settings.batch_size,
+            "exact": settings.batch_exact,
+            "side_by_side": settings.batch_side_by_side,
+            "models": out.batching(),
+        },
         "runtime": out.config.get("runtime"),  # config.yaml's: torch, each model's device, dtype and GPU
         "metrics": task.corpus_scores(records),
         "throughput": {

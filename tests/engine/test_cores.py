@@ -3,6 +3,7 @@
 import ctypes
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,40 @@ def test_passes_side_by_side_hand_the_gil_over_quickly_and_the_interval_is_resto
     tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=4, batch_size=3)
     assert seen and all(interval == pytest.approx(min(before, cores.HANDOFF_SECONDS), rel=0.02) for interval in seen)
     assert sys.getswitchinterval() == before
+
+
+def test_passes_one_model_after_the_other_never_overlap_use_every_core_and_keep_every_bit(tiny, monkeypatch):
+    """`side_by_side=False`: no pass of one model runs while the other's does, every multiply asks for all the
+    cores, the outputs and scores are those of passes side by side, and each model's pass seconds are counted."""
+    tiny.decode_batch(PROMPTS, max_new_tokens=1, batch_size=3)  # both runs below then read the prompts alike
+    side_by_side = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=8, trace=True, batch_size=3)
+    spans, threads = [], []
+    run_pass = Scheduler.run_pass
+
+    def recording(self, plan, chunk):
+        start = time.perf_counter()
+        threads.append(blas_threads())
+        try:
+            return run_pass(self, plan, chunk)
+        finally:
+            spans.append((chunk[0].member.name, start, time.perf_counter()))
+
+    monkeypatch.setattr(Scheduler, "run_pass", recording)
+    scheduler = Scheduler(side_by_side=False)
+    one_after = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=8, trace=True, batch_size=3, scheduler=scheduler)
+    assert set(threads) == {None}
+    spans.sort(key=lambda span: span[1])
+    assert {name for name, _, _ in spans} == {m.name for m in tiny.members}
+    assert all(end <= next_start for (_, _, end), (_, next_start, _) in zip(spans, spans[1:]))
+    for a, b in zip(side_by_side, one_after):
+        assert (a.text, a.ids) == (b.text, b.ids)
+        assert [[c.scores for c in r.candidates] for r in a.trace.rounds] == [
+            [c.scores for c in r.candidates] for r in b.trace.rounds
+        ]
+    report = scheduler.report()
+    for m in tiny.members:
+        measured = sum(end - start for name, start, end in spans if name == m.name)
+        assert 0 < report[m.name]["seconds"] <= measured
 
 
 def test_the_handoff_never_raises_the_interval():

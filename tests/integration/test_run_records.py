@@ -46,11 +46,12 @@ def test_config_and_metrics_record_the_device_and_dtype_the_models_loaded_with(t
 
     # Exact batching, two examples in flight: both models' passes met, attention per request.
     batching = metrics["batching"]
-    assert (batching["batch_size"], batching["exact"]) == (8, True)
+    assert (batching["batch_size"], batching["exact"], batching["side_by_side"]) == (8, True, True)
     assert list(batching["models"]) == ["smollm2_135m", "gemma3_270m"]
     for how in batching["models"].values():
         assert how["attention"] == "per_request" and how["linear"] == "row_tiles"
         assert 0 < how["merged_passes"] < how["passes"] <= how["rows"]
+        assert 0 < how["seconds"] < metrics["throughput"]["seconds"]
     assert json.loads((tmp_path / "metrics.json").read_text())["batching"] == batching
 
 

@@ -127,8 +127,8 @@ def test_batching_reports_of_several_processes_add_up_and_a_disagreement_reads_m
     assert out.batching() == {}
     exact = {"attention": "per_request", "linear": "merged", "passes": 10, "merged_passes": 4, "rows": 30}
     out.append_batching(0, 3, {"smollm2_135m": exact})
-    # the second process counted the prompts it read in merged passes; the first, older, did not
-    later = {**exact, "linear": "per_request", "passes": 5, "rows": 7, "merged_prompts": 2}
+    # the second process counted the prompts it read in merged passes and its passes' seconds; the first, older, did not
+    later = {**exact, "linear": "per_request", "passes": 5, "rows": 7, "merged_prompts": 2, "seconds": 1.5}
     out.append_batching(1, 2, {"smollm2_135m": later})
     lines = [json.loads(line) for line in (tmp_path / "batching.jsonl").read_text().splitlines()]
     assert [(line["shard"], line["examples"]) for line in lines] == [(0, 3), (1, 2)]
@@ -140,5 +140,6 @@ def test_batching_reports_of_several_processes_add_up_and_a_disagreement_reads_m
             "merged_passes": 8,
             "rows": 37,
             "merged_prompts": 2,
+            "seconds": 1.5,
         }
     }
