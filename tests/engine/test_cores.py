@@ -121,7 +121,7 @@ def test_passes_one_model_after_the_other_never_overlap_use_every_core_and_keep_
     """`side_by_side=False`: no pass of one model runs while the other's does, every multiply asks for all the
     cores, the outputs and scores are those of passes side by side, and each model's pass seconds are counted."""
     tiny.decode_batch(PROMPTS, max_new_tokens=1, batch_size=3)  # both runs below then read the prompts alike
-    side_by_side = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=8, trace=True, batch_size=3)
+    side_by_side = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=4, trace=True, batch_size=3)
     spans, threads = [], []
     run_pass = Scheduler.run_pass
 
@@ -135,7 +135,7 @@ def test_passes_one_model_after_the_other_never_overlap_use_every_core_and_keep_
 
     monkeypatch.setattr(Scheduler, "run_pass", recording)
     scheduler = Scheduler(side_by_side=False)
-    one_after = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=8, trace=True, batch_size=3, scheduler=scheduler)
+    one_after = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=4, trace=True, batch_size=3, scheduler=scheduler)
     assert set(threads) == {None}
     spans.sort(key=lambda span: span[1])
     assert {name for name, _, _ in spans} == {m.name for m in tiny.members}
