@@ -301,9 +301,9 @@ def default_run(data: dict) -> str:
     notes = (
         f"{run['examples']} NQ questions, each command a fresh process, alternating. AdaFuse ÷ (SmolLM2 + "
         f"Gemma-3), best runs: **{run['ratio_of_best']:.2f}×** (goal ≤ 2.0×); each repeat: {per_repeat}. "
-        f"The slower model's passes in AdaFuse, alone on the machine (the last row's best), take "
-        f"**{run['slowest_model_passes_alone_over_members']:.2f}×** the members' summed decode seconds: the "
-        "floor under the ratio (below)."
+        "AdaFuse's passes alone on the machine (the last row's best run) take, over the members' summed decode "
+        f"seconds: the slower model's **{run['slowest_model_passes_alone_over_members']:.2f}×**, both models' "
+        f"**{run['both_models_passes_alone_over_members']:.2f}×** (below)."
     )
     return "\n\n".join([provenance("default_run.json", data), table(header, rows), notes])
 
