@@ -97,9 +97,8 @@ class PassCounts:
     merged_passes: int = 0  # passes that carried the requests of more than one example
     rows: int = 0  # rows over all passes
     merged_prompts: int = 0  # prompts read in a merged pass, not in a pass of their own (`plan_passes`)
-    seconds: float = (
-        0.0  # wall time its passes took, log-softmax included (on its own thread, beside the other model's)
-    )
+    # wall time its passes took, log-softmax included (on its own thread, beside the other model's passes)
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
