@@ -23,14 +23,13 @@ The whole story, in the order it happens:
    example has finished. When all wait, `Scheduler.run_waiting` plans the passes and then runs them,
    as vLLM's scheduler hands a schedule to its executor. `plan_passes` is plain data in, plain data
    out (`RequestShape`s in, `PassPlan`s out): the prompts first, each a pass of its own, then one
-   merged forward pass per weights, split into chunks where memory requires. Exact, only the prompts
-   that a later prompt of the turn reads more from than it finds read already (`prompt_sources`: the
-   first of examples that start together on a new few-shot prefix) get a pass of their own; every other
-   prompt is read in its weights' merged pass (a slot refilled while the others decode: its tail costs
-   the positions it adds, not a pass). `Scheduler.run_pass` runs one planned pass:
-   a prompt from the longest prefix that any slot or a stored prompt holds (adafuse/cache.py
-   `PromptStore`: examples that start together read their task's few-shot prefix once), a request
-   alone, or a merged pass (adafuse/merged_pass.py `forward_together`). Requests
+   merged forward pass per weights, split into chunks where memory requires. Exact, a prompt is read
+   in its weights' merged pass instead, after its shared prefix (a slot refilled while the others
+   decode: its tail costs the positions it adds, not a pass). A prompt's shared prefix (its task's
+   few-shot exemplars, `Request.prefix`) is read in a pass of its own the first time, then kept
+   (adafuse/cache.py `PromptStore`); a prompt without one is read whole, alone. `Scheduler.run_pass`
+   runs one planned pass: a prompt, a request alone, or a merged pass (adafuse/merged_pass.py
+   `forward_together`). Requests
    are taken in slot order, so which rows meet in a pass and where each row sits, and hence every
    float, never depend on which thread woke first (a GPU picks its kernels by shape).
 
@@ -55,14 +54,13 @@ The whole story, in the order it happens:
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import psutil
 import torch
 
-from adafuse.cache import common_prefix
 from adafuse.cores import CoreShare, quick_gil_handoff
 from adafuse.errors import BatchMemoryError
 from adafuse.merged_pass import Resident, can_merge_exactly, forward_together
@@ -138,6 +136,7 @@ class PassRequest:
     lengths: list[int] | None = None  # each row's real ids, the rest right padding (`Member._forward`)
     logprobs: bool = False  # hand back the member's log-softmax of the logits, taken on the pass's thread
     prompt: list[int] | None = None  # a prompt to read (`Member.read_prompt`) instead of input_ids
+    shared: int = 0  # the prompt's first ids that are its shared prefix (`Member.prompt_reading`)
     done: threading.Event = field(default_factory=threading.Event)
     result: torch.Tensor | None = None
     error: BaseException | None = None
@@ -232,9 +231,9 @@ class Scheduler:
         """Called by a worker: block until the scheduler has run this pass."""
         return self._wait(PassRequest(member, cache, input_ids, last_only, lengths, logprobs))
 
-    def read_prompt(self, member: Member, ids: list[int]) -> torch.Tensor:
+    def read_prompt(self, member: Member, ids: list[int], shared: int = 0) -> torch.Tensor:
         """Called by a worker: block until the scheduler has read this prompt into the member's cache."""
-        return self._wait(PassRequest(member, None, None, True, prompt=ids))
+        return self._wait(PassRequest(member, None, None, True, prompt=ids, shared=shared))
 
     def _wait(self, request: PassRequest) -> torch.Tensor:
         with self.lock:
@@ -320,7 +319,6 @@ class Scheduler:
                 lambda shape: self._merges(by_slot[shape.slot].member),
                 self.memory_budget,
                 merge_prompts=self.exact,
-                read_first=prompt_sources(requests),
             )
             by_weights: dict[int, list[PassPlan]] = {}
             for plan in plans:
@@ -359,7 +357,8 @@ class Scheduler:
         try:
             if plan.kind == "prompt":
                 (r,) = chunk
-                results = [r.member.read_prompt(r.prompt)]
+                self._take_prompt_reading(r)
+                results = [r.member.read_prompt_tail(r.prompt, r.cache, r.input_ids)]
             elif plan.kind == "alone":
                 (r,) = chunk
                 results = [r.alone()]
@@ -392,13 +391,12 @@ class Scheduler:
 
     def _merged(self, chunk: list[PassRequest]) -> tuple[list[torch.Tensor], list[PassRequest]]:
         """The merged pass's results in chunk order, and the requests that met in it. A prompt in it (see
-        `plan_passes`) reads from the prefix it finds now, after the turn's other prompts were read (its tail's
-        positions join the packed pass and pad no other row); one with no prefix to read from is read alone
-        first (a pass counted of its own)."""
+        `plan_passes`) reads its tail after its shared prefix (its positions join the packed pass and pad no
+        other row); one without a prefix is read whole, alone, first (a pass counted of its own)."""
         alone: dict[int, torch.Tensor] = {}
         for i, r in enumerate(chunk):
             if r.prompt is not None:
-                r.cache, r.input_ids = r.member.prompt_reading(r.prompt)
+                self._take_prompt_reading(r)
                 if not r.mergeable:
                     alone[i] = r.member.read_prompt_tail(r.prompt, r.cache, r.input_ids)
                     with self.counting:
@@ -409,6 +407,14 @@ class Scheduler:
             if r.prompt is not None:
                 r.member.took_prompt(r.prompt, r.cache)
         return [alone[i] if i in alone else next(results) for i in range(len(chunk))], met
+
+    def _take_prompt_reading(self, r: PassRequest) -> None:
+        """Set a prompt request's cache and ids to read (`Member.prompt_reading`); a prefix read for it now is
+        a pass of its own, counted."""
+        r.cache, r.input_ids, prefix_read = r.member.prompt_reading(r.prompt, r.shared)
+        if prefix_read:
+            with self.counting:
+                self._count([r])
 
     def _merged_pass(self, chunk: list[PassRequest]) -> list[torch.Tensor]:
         member = chunk[0].member
@@ -426,49 +432,25 @@ class Scheduler:
         return results
 
 
-def prompt_sources(requests: list[PassRequest]) -> set[int]:
-    """The slots of the waiting prompts that a later prompt of the turn (slot order, same weights) would read
-    more of than it finds already read: in a stored prompt, its own context, or a source before it. Only
-    those need a pass of their own before the others (examples that start together on a store that lacks
-    their few-shot prefix: the first one's)."""
-    sources: set[int] = set()
-    earlier: dict[int, list[PassRequest]] = {}  # per weights: the prompts before, in slot order
-    for r in sorted(requests, key=lambda r: r.slot):
-        if r.prompt is None:
-            continue
-        before = earlier.setdefault(id(r.member.model), [])
-        if before:
-            found, _ = r.member.prompts.longest_prefix(r.prompt, r.member.ids, r.member.cache)
-            found = max([found] + [common_prefix(e.prompt, r.prompt) for e in before if e.slot in sources])
-            best = max(before, key=lambda e: common_prefix(e.prompt, r.prompt))  # the first of the longest
-            if common_prefix(best.prompt, r.prompt) > found:
-                sources.add(best.slot)
-        before.append(r)
-    return sources
-
-
 def plan_passes(
     requests: list[RequestShape],
     merges: Callable[[RequestShape], bool],
     memory_budget: int,
     merge_prompts: bool = False,
-    read_first: Collection[int] = (),
 ) -> list[PassPlan]:
     """The passes that run a round's waiting requests, in the order to run them; everything in slot order.
 
-    The prompts come first, one pass each, so that each reads from what the ones before it read
-    (examples that start together share their few-shot prefix). The rest are grouped by weights and
+    The prompts come first, one pass each. The rest are grouped by weights and
     by whether they may share a pass (a request that may, on weights that `merges`: asked once per
     such request, in slot order); a group that merges is cut into chunks whose pass fits
     `memory_budget` (`pass_bytes`), any other runs one request per pass.
 
-    `merge_prompts` (exact passes, where a request's numbers do not depend on its pass): only the prompts in
-    `read_first` (a later prompt reads from them: `prompt_sources`) are read first; every other prompt joins
-    its weights' merged passes, where it reads its tail after its prefix beside the other examples' steps.
+    `merge_prompts` (exact passes, where a request's numbers do not depend on its pass): every prompt joins its
+    weights' merged passes, where it reads its tail after its shared prefix beside the other examples' steps.
     """
     ordered = sorted(requests, key=lambda r: r.slot)
     prompts = [r for r in ordered if r.prompt]
-    joining = {r.slot for r in prompts if merge_prompts and r.slot not in read_first and merges(r)}
+    joining = {r.slot for r in prompts if merge_prompts and merges(r)}
     plans = [PassPlan("prompt", (r.slot,)) for r in prompts if r.slot not in joining]
     groups: dict[tuple[int, bool], list[RequestShape]] = {}
     for r in ordered:

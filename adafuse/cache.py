@@ -79,27 +79,25 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class PromptStore:
-    """The KV of the last prompts that a member's clones read, shared by the clones: an example that
-    starts in one slot of a batch reuses the longest prefix any slot has read (a task's few-shot
-    prefix is read once, not once per slot). Four prompts: examples of two or three tasks in flight
-    at once (a mixed queue, as the benchmark's) each keep their task's prefix."""
+    """The KV of the shared prompt prefixes (a task's instruction and exemplars: `Member.prompt_reading`) that
+    a member's clones read, shared by the clones: a prefix is read once, not once per example or slot. Four,
+    the last used kept: examples of two or three tasks in flight at once (a mixed queue, as the benchmark's)
+    each keep their task's prefix. A stored cache is only ever read (its users get views of it)."""
 
     def __init__(self, size: int = 4):
         self.entries: list[tuple[list[int], DynamicCache]] = []
         self.size = size
 
-    def longest_prefix(self, ids: list[int], own_ids: list[int], own_cache) -> tuple[int, DynamicCache | None]:
-        """(length, cache) of the longest prefix of `ids` held by the context `own_ids` or a stored prompt."""
-        best = (common_prefix(own_ids, ids), own_cache)
-        for stored_ids, cache in self.entries:
-            best = max(best, (common_prefix(stored_ids, ids), cache), key=lambda b: b[0])
-        return best
+    def get(self, ids: list[int]) -> DynamicCache | None:
+        """The stored KV of exactly `ids`, now the last used; None if it is not stored."""
+        for i, (stored_ids, cache) in enumerate(self.entries):
+            if stored_ids == ids:
+                self.entries.insert(0, self.entries.pop(i))
+                return cache
+        return None
 
     def add(self, ids: list[int], cache: DynamicCache) -> None:
-        # A cache object of its own, as a forward pass replaces its layers' tensors. Their filled
-        # positions are never written again, so sharing them is safe; a view into a merged pass's
-        # buffer is copied so that a stored prompt does not keep every other row of the buffer alive.
-        self.entries = [(ids, derive_cache(cache, lambda t: t.clone() if t._base is not None else t))] + self.entries
+        self.entries = [(list(ids), cache)] + self.entries
         del self.entries[self.size :]
 
 

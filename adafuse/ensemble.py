@@ -128,10 +128,9 @@ class Ensemble:
     ) -> "DecodeStream":
         """Decode (key, prompt or Request) items with `batch_size` examples in flight (adafuse/batching.py);
         iterating yields (key, Generation) as each finishes. With `exact` (the default) every forward pass
-        has the bits it has in `decode` (adafuse/invariance.py; a prompt read after another stored prefix
-        aside: docs/speed.md); without, up to rounding. `side_by_side=False` runs one model's passes after the
-        other's, each on every core (the same outputs). Request settings given as keywords apply to every item
-        that is a plain prompt."""
+        has the bits it has in `decode`, and so every output (adafuse/invariance.py); without, up to
+        rounding. `side_by_side=False` runs one model's passes after the other's, each on every core (the
+        same outputs). Request settings given as keywords apply to every item that is a plain prompt."""
         options, settings = _split_request_fields(options)
         spec, cfg = resolve_method(method, options)
 

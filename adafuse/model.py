@@ -3,8 +3,8 @@
 Decoders (adafuse/decode.py, adafuse/greedy.py, baselines/) talk only to this API and never touch
 tensors inside a cache:
 
-- `start(prompt)`: set the context to a prompt, reusing every cached token it shares with the
-  previous context (the few-shot prefix that all examples of a task share is read once).
+- `start(prompt, prefix=...)`: set the context to a prompt; its declared shared prefix (the few-shot
+  exemplars that all examples of a task share) is read once and kept (`prompt_reading`).
 - `append_ids(ids, text)`: read ids the model chose itself; the generated text grows by `text`.
 - `fork(n)`: n rows that continue the committed context as one batch (branches, candidates to score).
 - `commit(rows, i, text)`: make row i of a fork the committed context, without reading its tokens again.
@@ -77,6 +77,10 @@ class Member:
         params = inspect.signature(model.forward).parameters
         # transformers >= 5.24 names the argument `cache`; 5.23 and remote-code models `past_key_values`.
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.body = model.get_decoder()  # the layers under the vocabulary projection (`read_without_logits`)
+        self.body_cache_arg = (
+            "cache" if "cache" in inspect.signature(self.body.forward).parameters else "past_key_values"
+        )
         self._can_keep_last = "logits_to_keep" in params
         if chat_template and not tokenizer.chat_template:
             raise ConfigError(f"model {name!r} has no chat template; set chat_template: false for it")
@@ -228,36 +232,44 @@ class Member:
             )
         return ids
 
-    def start(self, prompt: str, reserve: int = 0, mask_control: bool = True) -> None:
-        """Make `prompt` the context; tokens shared with the previous context are not read again.
+    def start(self, prompt: str, reserve: int = 0, mask_control: bool = True, prefix: str = "") -> None:
+        """Make `prompt` the context. `prefix`, a start of the prompt that other prompts share (a task's
+        instruction and exemplars: `Request.prefix`), is read once and kept for them (`prompt_reading`).
 
         `reserve` is how many more positions decoding may need (see `prompt_ids`). `mask_control=False`
         keeps control tokens in the distribution (`single`, which must equal `generate()`).
         """
         ids = self.prompt_ids(prompt, reserve)
+        shared = self.shared_length(prompt, prefix, ids)
         self.mask_control = mask_control
         self.prompt_text = self.render(prompt)
         self.prompt_len = len(ids)
         self.text = ""
         if self.scheduler is not None:  # it reads the prompt when the pass runs (see `read_prompt`)
-            logits = self.scheduler.read_prompt(self, ids)
+            logits = self.scheduler.read_prompt(self, ids, shared)
         else:
-            logits = self.read_prompt(ids)
+            logits = self.read_prompt(ids, shared)
         self.logprobs = self._log_softmax(logits[0, -1])
         # A cut-back may re-read the prompt's last word, but never a control token (a chat template's
         # markers) and never the first token, whose logits nothing computes.
         after_control = max((i + 1 for i, t in enumerate(ids) if t in self.control_ids), default=0)
         self.anchor = self._last_word_start(max(after_control, 1))
 
-    def read_prompt(self, ids: list[int]) -> torch.Tensor:
-        """Make `ids` the context and the cache theirs, reading only what no stored prompt or the own
-        context holds; returns the last position's logits and stores the prompt for the next one (`prompts`).
+    def shared_length(self, prompt: str, prefix: str, ids: list[int]) -> int:
+        """How many of the prompt's `ids` belong to its shared `prefix`: the ids they start with of the prompt
+        as this model reads it (`render`) cut where `prefix` ends, so a token that spans the cut stays with
+        the rest. At least one id is left after them (its logits are the prompt's); 0 without a prefix."""
+        rendered = self.render(prompt)
+        at = rendered.find(prompt)  # a chat template wraps the prompt in its markers
+        if not prefix or at < 0:
+            return 0
+        return min(common_prefix(self.encode(rendered[: at + len(prefix)]), ids), len(ids) - 1)
 
-        A scheduler calls this for the turn's prompts that others read from, one after another, when the
-        pass runs, so that examples that start together share their prefix too; the others share the
-        turn's merged pass (`prompt_reading`, `took_prompt`).
-        """
-        return self.read_prompt_tail(ids, *self.prompt_reading(ids))
+    def read_prompt(self, ids: list[int], shared: int = 0) -> torch.Tensor:
+        """Make `ids` the context and the cache theirs, the first `shared` ids read as a stored prefix
+        (`prompt_reading`); returns the last position's logits."""
+        cache, tail, _ = self.prompt_reading(ids, shared)
+        return self.read_prompt_tail(ids, cache, tail)
 
     def read_prompt_tail(self, ids: list[int], cache: DynamicCache, tail: torch.Tensor) -> torch.Tensor:
         """Read a prompt's `prompt_reading` in a pass of its own: the last position's logits."""
@@ -265,24 +277,42 @@ class Member:
         self.took_prompt(ids, cache)
         return logits
 
-    def prompt_reading(self, ids: list[int]) -> tuple[DynamicCache, torch.Tensor]:
-        """The cache a read of prompt `ids` starts from (the longest prefix a stored prompt or the own context
-        holds, an empty cache if none) and the ids it reads after it (at least one, for its logits)."""
-        keep, source = self.prompts.longest_prefix(ids, self.ids, self.cache)
-        keep = min(keep, len(ids) - 1)
-        cache = DynamicCache() if keep == 0 else derive_cache(source, lambda t: t[:, :, :keep])
+    def prompt_reading(self, ids: list[int], shared: int = 0) -> tuple[DynamicCache, torch.Tensor, bool]:
+        """The cache a read of prompt `ids` starts from, the ids it reads after it, and whether the prefix
+        in that cache was read now (a pass of its own, without logits).
+
+        Where a prompt is split depends on the prompt alone, never on what was read before it: a position's
+        bits depend on the pass that read it (attention rounds by its number of queries), and a prompt's
+        numbers must not depend on the batch or the order of examples. Its first `shared` ids (its declared
+        prefix, `shared_length`) are always read in a pass of their own, from nothing, the first time and
+        stored (`prompts`), and the rest after them; with no prefix the whole prompt is read from nothing.
+        """
         self.forward_passes += 1
-        self.tokens_fed += len(ids) - keep
-        return cache, torch.tensor([ids[keep:]], device=self.device)
+        self.tokens_fed += len(ids) - shared
+        if shared == 0:
+            return DynamicCache(), torch.tensor([ids], device=self.device), False
+        prefix = ids[:shared]
+        stored = self.prompts.get(prefix)
+        fresh = stored is None
+        if fresh:
+            stored = DynamicCache()
+            self.read_without_logits(stored, prefix)
+            self.prompts.add(prefix, stored)
+        return derive_cache(stored, lambda t: t), torch.tensor([ids[shared:]], device=self.device), fresh
+
+    def read_without_logits(self, cache: DynamicCache, ids: list[int]) -> None:
+        """Read `ids` into `cache` through the model's body alone (no vocabulary projection): a pass whose
+        predictions nobody asks for. Not counted in the example's passes: a shared prefix is read for all."""
+        with torch.inference_mode():
+            self.body(input_ids=torch.tensor([ids], device=self.device), use_cache=True, **{self.body_cache_arg: cache})
 
     def took_prompt(self, ids: list[int], cache: DynamicCache) -> None:
-        """`cache`, a `prompt_reading` cache now holding all of `ids`, becomes the context's; the prompt is stored."""
+        """`cache`, a `prompt_reading` cache now holding all of `ids`, becomes the context's."""
         if not all(isinstance(layer, GrowingLayer) for layer in cache.layers):
             # read from an empty cache: the model's own layers, from here on growing in place (cache.py)
             cache = derive_cache(cache, lambda t: t)
         self.cache = cache
         self.ids = list(ids)
-        self.prompts.add(ids, cache)
 
     def feed(self, ids: list[int]) -> None:
         """Append ids to the committed context and read them."""

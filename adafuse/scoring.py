@@ -12,8 +12,8 @@ continuation is the whole's ids after as many ids as the context alone has. An e
 member's BOS id (its EOS id where it has none), as in `hf`. Log-probabilities come from the raw
 distribution (control tokens not masked): a string's probability under the model as it is.
 
-The context is read once per member (a shared few-shot prefix once for many contexts, through the
-member's prompt store) and its KV cache is shared by every continuation scored after it.
+The context is read once per member, whole, and its KV cache is shared by every continuation scored
+after it.
 """
 
 from collections.abc import Sequence

@@ -23,16 +23,22 @@ from adafuse.trace import Generation, RoundTrace, Stats, Trace
 
 @dataclass(frozen=True)
 class Request:
-    """One example: its prompt, the stop strings that end it, its token budget, and whether to trace it."""
+    """One example: its prompt, the stop strings that end it, its token budget, whether to trace it, and the
+    start of its prompt that other requests share."""
 
     prompt: str
     stop: tuple[str, ...] = ()  # one string or several; G is cut before the first one found
     max_new_tokens: int = 64  # generated tokens of any one member (spec §5)
     trace: bool = False  # record each round (spec §7) in the Generation
+    # A start of `prompt` that other requests share (a task's instruction and exemplars): each member reads it
+    # once and keeps it for them (`Member.prompt_reading`). Without it the whole prompt is read for each request.
+    prefix: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "stop", stop_strings(self.stop))
         check_budget(self.max_new_tokens)
+        if not self.prompt.startswith(self.prefix):
+            raise ValueError(f"Request.prefix {self.prefix[:40]!r}... is not the start of the prompt")
 
     @classmethod
     def of(cls, prompt: "str | Request", **fields) -> "Request":
@@ -109,7 +115,7 @@ class Session:
         for m in members:
             m.reset_counters()
         self.concurrently(
-            [functools.partial(m.start, request.prompt, reserve=reserve, mask_control=mask_control) for m in members]
+            [functools.partial(m.start, request.prompt, reserve, mask_control, request.prefix) for m in members]
         )
         self._text = ""
         self._stats = Stats()

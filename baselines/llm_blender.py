@@ -86,7 +86,7 @@ def decode(s: Session, cfg: LLMBlenderConfig) -> None:
     if len(candidates) > 1:
         if cfg.ranker == "nll":
             reserve = positions_needed(cfg, s.max_new_tokens)
-            ranking.scores, ranking.nll = rank_by_nll(members, prompt, candidates, reserve)
+            ranking.scores, ranking.nll = rank_by_nll(members, prompt, candidates, reserve, s.request.prefix)
             best = min(range(len(candidates)), key=ranking.scores.__getitem__)  # ties: the lower member
         else:
             ranker = pairrm(cfg.pairrm_path, members[0].device)
@@ -103,21 +103,22 @@ def decode(s: Session, cfg: LLMBlenderConfig) -> None:
 
 
 def rank_by_nll(
-    members: list[Member], prompt: str, candidates: list[str], reserve: int
+    members: list[Member], prompt: str, candidates: list[str], reserve: int, prefix: str = ""
 ) -> tuple[list[float], list[list[Score]]]:
     """Each candidate's mean over members of its mean token NLL given the prompt (an empty answer: inf).
 
-    Each member goes back to the prompt (re-reading its last token, control tokens masked as for
-    every score, spec §2) and reads all candidates as its tokenizer encodes them after the prompt, in
-    one batched pass (`Member.align`, `Member.read`): its own answer too, so every answer is scored
-    on its text alone, whatever ids produced it and however it ended (eos, stop string, budget).
+    Each member reads the prompt again (after its shared `prefix`, as at its start, so with the same
+    numbers; control tokens masked as for every score, spec §2) and reads all candidates as its tokenizer
+    encodes them after the prompt, in one batched pass (`Member.align`, `Member.read`): its own answer
+    too, so every answer is scored on its text alone, whatever ids produced it and however it ended (eos,
+    stop string, budget).
     """
     readable = [i for i, text in enumerate(candidates) if text]
     per_member: list[list[Score]] = []
     for m in members:
         scores = [Score(0, [], False, math.inf) for _ in candidates]
         if len(readable) > 1:  # a lone non-empty answer wins without reading
-            m.start(prompt, reserve=reserve)
+            m.start(prompt, reserve=reserve, prefix=prefix)
             for i, reading in zip(readable, m.read([m.align(candidates[i]) for i in readable])):
                 a = reading.alignment
                 if not reading.logprobs:

@@ -97,19 +97,6 @@ def scoring(task: Task) -> dict:
     raise ConfigError(f"task {task.name!r}: no lm_eval scoring for metrics {sorted(ours)}")
 
 
-def prompt_parts(task: Task) -> tuple[str, str]:
-    """(fixed prefix, query template) whose concatenation, filled, is `task.prompt(example)`."""
-    if task.prompt_file is not None:
-        return task.prompt_file, task.cfg.paper_query
-    parts = [task.cfg.instruction] if task.cfg.instruction else []
-    parts += [shot_text(task, shot) for shot in task.shots]
-    return "".join(p + "\n\n" for p in parts), task.cfg.query
-
-
-def shot_text(task: Task, shot) -> str:
-    return task.cfg.shot.format(**shot.fields)
-
-
 def jinja(template: str) -> str:
     """A str.format template ({question}) as lm_eval's Jinja ({{question}})."""
     return re.sub(r"\{(\w+)\}", r"{{\1}}", template)
@@ -125,7 +112,7 @@ def write_task(name: str, data_dir: str, out: Path, variant: str = "canonical", 
     overrides = [f"task={name}", f"data.dir={data_dir}", f"data.variant={variant}", f"task.limit={limit or 'null'}"]
     settings = settings_of(compose_run(*overrides))
     task = Task(settings.task, settings.data)
-    prefix, query = prompt_parts(task)
+    prefix, query = task.prefix, task.query
     examples = out / "data" / f"{TAG}_{name}.jsonl"
     examples.parent.mkdir(parents=True, exist_ok=True)
     with open(examples, "w", encoding="utf-8") as f:

@@ -166,7 +166,10 @@ def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tra
     scale = task.metrics[primary].scale if primary else 1.0
     done = [r["scores"][primary] for r in out.records.values() if primary in r["scores"]]
     bar = tqdm(total=len(todo), desc=f"{task.name} {method.name}", unit="ex", disable=not settings.progress)
-    requests = ((ex, Request(prompts[ex.id], task.cfg.stop, task.cfg.max_new_tokens, settings.trace)) for ex in todo)
+    requests = (
+        (ex, Request(prompts[ex.id], task.cfg.stop, task.cfg.max_new_tokens, settings.trace, task.prefix))
+        for ex in todo
+    )
     stream = ensemble.decode_stream(
         requests,
         batch_size=settings.batch_size,

@@ -7,6 +7,7 @@ scores. Nothing here is specific to one benchmark except through the readers it 
 import logging
 import os
 import random
+from functools import cached_property
 from pathlib import Path
 
 from adafuse.errors import ConfigError, DataError
@@ -126,14 +127,24 @@ class Task:
 
     # ---- prompts --------------------------------------------------------------------------------
 
-    def prompt(self, example: Example) -> str:
-        """Instruction, exemplars and query, separated by blank lines; or the paper's prompt file + query."""
+    @cached_property
+    def prefix(self) -> str:
+        """The start every prompt of the task shares: its instruction and exemplars, each followed by a blank
+        line, or the paper's prompt file. A decode reads it once for all examples (`Request.prefix`)."""
         if self.prompt_file is not None:
-            return self.prompt_file + _fill(self.cfg.paper_query, example, self.name)
+            return self.prompt_file
         parts = [self.cfg.instruction] if self.cfg.instruction else []
         parts += [_fill(self.cfg.shot, shot, self.name) for shot in self.shots]
-        parts.append(_fill(self.cfg.query, example, self.name))
-        return "\n\n".join(parts)
+        return "".join(part + "\n\n" for part in parts)
+
+    @property
+    def query(self) -> str:
+        """The template that follows `prefix`, filled with an example's fields."""
+        return self.cfg.query if self.prompt_file is None else self.cfg.paper_query
+
+    def prompt(self, example: Example) -> str:
+        """Instruction, exemplars and query, separated by blank lines; or the paper's prompt file + query."""
+        return self.prefix + _fill(self.query, example, self.name)
 
     # ---- scores ---------------------------------------------------------------------------------
 

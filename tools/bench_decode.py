@@ -55,7 +55,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import psutil
@@ -86,12 +86,16 @@ BATCH_SUITE = [(task, 2 * count, budget) for task, count, budget in SUITE]
 BASELINES = ["unite", "deepen", "sweetspan", "llm_blender"]
 
 
-def task_prompts(name: str, count: int, data_dir: Path) -> tuple[list[str], list[str]]:
+def task_requests(name: str, count: int, data_dir: Path, budget: int = 64, prefix: bool = True) -> list[Request]:
+    """The first `count` examples of a task as the runner asks for them: prompt, stop strings, `budget`, and
+    (with `prefix`) the task's shared prefix, read once per model; without it, each prompt is read whole
+    (as lm-eval's requests are)."""
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.to_object(compose_run(f"task={name}", f"task.limit={count}").task)
     task = Task(cfg, DataConf(dir=str(data_dir)))
-    return [task.prompt(ex) for ex in task.examples], list(cfg.stop)
+    shared = task.prefix if prefix else ""
+    return [Request(task.prompt(ex), cfg.stop, budget, prefix=shared) for ex in task.examples]
 
 
 def cpu_model() -> str:
@@ -129,13 +133,13 @@ def compare_with_singles(ens: Ensemble, data_dir: Path, scale: float, tasks: lis
     }
     per_task = {}
     for task, count, budget in [row for row in SUITE if row[0] in tasks]:
-        prompts, stop = task_prompts(task, max(1, int(count * scale)), data_dir)
+        prompts = task_requests(task, max(1, int(count * scale)), data_dir, budget)
         for kwargs in runs.values():  # warm-up: read the task's shared few-shot prefix once per method
-            ens.decode(prompts[0], stop=stop, max_new_tokens=1, **kwargs)
+            ens.decode(prompts[0], max_new_tokens=1, **kwargs)
         seconds = {name: 0.0 for name in runs}
         for prompt in prompts:
             for name, kwargs in runs.items():
-                gen = ens.decode(prompt, stop=stop, max_new_tokens=budget, **kwargs)
+                gen = ens.decode(prompt, **kwargs)
                 t = totals[name]
                 t["seconds"] += gen.stats.seconds
                 seconds[name] += gen.stats.seconds
@@ -197,13 +201,14 @@ def compare_with_reference(ens: Ensemble, data_dir: Path, count: int, budget: in
     """
     shots = (data_dir / "adafuse_local_datasets/GSM/gsm_prompt.txt").read_text().split("\n\n\n")[:2]
     questions = [json.loads(line)["question"] for line in (data_dir / "gsm8k/test.jsonl").open()][: count + 1]
-    prompts = ["\n\n\n".join(shots) + f"\n\nQuestion: {q}\nLet's think step by step\n" for q in questions]
+    shared = "\n\n\n".join(shots) + "\n\n"
+    prompts = [shared + f"Question: {q}\nLet's think step by step\n" for q in questions]
     cfg, fast_s, slow_s, identical, lengths = AdaFuseConfig(), 0.0, 0.0, 0, []
     adafuse = METHODS["adafuse"]
-    adafuse.generate(ens.members, Request(prompts.pop(), max_new_tokens=1), cfg)  # reads the shared exemplars
+    adafuse.generate(ens.members, Request(prompts.pop(), max_new_tokens=1, prefix=shared), cfg)  # reads the exemplars
     for prompt in prompts:
         started = time.perf_counter()
-        fast = adafuse.generate(ens.members, Request(prompt, max_new_tokens=budget), cfg)
+        fast = adafuse.generate(ens.members, Request(prompt, max_new_tokens=budget, prefix=shared), cfg)
         fast_s += time.perf_counter() - started
         started = time.perf_counter()
         slow_text = reference.generate(ens.members, Request(prompt, max_new_tokens=budget), cfg).text
@@ -252,13 +257,12 @@ class PeakMemory:
 def decode_suite(
     ens: Ensemble, cases: list, method: str, options: dict, batch_size: int, exact: bool = True
 ) -> tuple[list, dict]:
-    """Decode every (prompt, stop, budget) case with `batch_size` in flight, merged passes `exact` or not
+    """Decode every case (a Request) with `batch_size` in flight, merged passes `exact` or not
     (adafuse/invariance.py): (texts in case order, figures)."""
     spec, cfg = resolve_method(method, options)
 
     def one(members, i):
-        prompt, stop, budget = cases[i]
-        return spec.generate(members, Request(prompt, stop, budget), cfg)
+        return spec.generate(members, cases[i], cfg)
 
     scheduler, texts = Scheduler(exact=exact), [None] * len(cases)
     started = time.perf_counter()
@@ -284,9 +288,9 @@ def compare_batch_sizes(
     suite = BATCH_SUITE if task is None else [(task, 48, {t: b for t, _, b in SUITE}[task])]
     cases = []
     for name, count, budget in suite:
-        prompts, stop = task_prompts(name, max(1, int(count * scale)), data_dir)
-        cases += [(p, stop, budget) for p in prompts]
-        ens.decode(prompts[0], stop=stop, max_new_tokens=1)  # warm-up: the models load their kernels
+        requests = task_requests(name, max(1, int(count * scale)), data_dir, budget)
+        cases += requests
+        ens.decode(requests[0], max_new_tokens=1)  # warm-up: the models load their kernels
     runs = {"adafuse": ("adafuse", {}), "single_0": ("single", {"member": 0}), "single_1": ("single", {"member": 1})}
     runs = {name: run for name, run in runs.items() if name in only}
     figures, baseline_texts = {}, {}
@@ -336,10 +340,10 @@ def compare_with_authors(ens: Ensemble, data_dir: Path, authors_code: Path, coun
     few_shot = prompt_file.read_text(encoding="utf-8")
     questions = [json.loads(line)["question"] for line in test_set.open(encoding="utf-8")][:count]
     runs = {
-        "adafuse_code": dict(method="adafuse_code", **options, max_new_tokens=512),
-        "adafuse": dict(method="adafuse", stop=["\n"], max_new_tokens=32),
-        "single_0": dict(method="single", member=0, stop=["\n"], max_new_tokens=32),
-        "single_1": dict(method="single", member=1, stop=["\n"], max_new_tokens=32),
+        "adafuse_code": dict(method="adafuse_code", **options, max_new_tokens=512, prefix=few_shot),
+        "adafuse": dict(method="adafuse", stop=["\n"], max_new_tokens=32, prefix=few_shot),
+        "single_0": dict(method="single", member=0, stop=["\n"], max_new_tokens=32, prefix=few_shot),
+        "single_1": dict(method="single", member=1, stop=["\n"], max_new_tokens=32, prefix=few_shot),
     }
     seconds = {name: 0.0 for name in ["authors", *runs]}
     identical, rows = 0, []
@@ -390,11 +394,10 @@ def compare_exact_batching(ens: Ensemble, data_dir: Path, task: str, limit: int)
     """Section 6: AdaFuse on `limit` prompts of `task`, exact at batch 8, not exact at batch 8, exact at
     batch 1, one after another in one run (the same models, the same warm caches)."""
     budget = {t: b for t, _, b in SUITE}[task]
-    prompts, stop = task_prompts(task, limit, data_dir)
-    cases = [(p, stop, budget) for p in prompts]
+    cases = task_requests(task, limit, data_dir, budget)
     # warm-up, not timed: the prompt store reads the task's few-shot prefix, and the row tiles
     # (adafuse/invariance.py) probe the row counts that merged passes of 8 examples reach
-    decode_suite(ens, [(p, stop, 4) for p in prompts[:8]], "adafuse", {}, 8)
+    decode_suite(ens, [replace(r, max_new_tokens=4) for r in cases[:8]], "adafuse", {}, 8)
     runs = {"exact_batch_8": (8, True), "not_exact_batch_8": (8, False), "exact_batch_1": (1, True)}
     figures, texts = {}, {}
     for name, (size, exact) in runs.items():
@@ -532,10 +535,9 @@ def compare_with_lm_eval(data_dir: Path, count: int, batch_size: int, repeats: i
     from eval.lm_tasks import write_tasks
 
     model = AdaFuseLM(pair="tiny", method="adafuse", batch_size=batch_size)
-    prompts, stop = task_prompts("nq", count, data_dir)
     budget = {t: b for t, _, b in SUITE}["nq"]
-    requests = [Request(p, stop, budget) for p in prompts]
-    model.ensemble.decode(prompts[0], stop=stop, max_new_tokens=1)  # warm-up: kernels and the few-shot prefix
+    requests = task_requests("nq", count, data_dir, budget, prefix=False)  # whole prompts, as lm_eval sends them
+    model.ensemble.decode(requests[0], max_new_tokens=1)  # warm-up: the kernels
 
     def runner() -> list[str]:
         stream = model.ensemble.decode_stream(
@@ -560,7 +562,7 @@ def compare_with_lm_eval(data_dir: Path, count: int, batch_size: int, repeats: i
                 seconds[name].append(time.perf_counter() - started)
                 print(f"  {name:8s} run {repeat + 1}: {seconds[name][-1]:.1f}s", flush=True)
     return {
-        "prompts": len(prompts),
+        "prompts": len(requests),
         "batch_size": batch_size,
         "budget": budget,
         "seconds": seconds,

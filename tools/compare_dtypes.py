@@ -18,6 +18,7 @@ near-tie: rounding, not a bug, decided it. Writes results/bench/dtypes.json.
 import argparse
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,7 +31,7 @@ from baselines.llm_blender import LLMBlenderConfig
 from baselines.sweetspan import SweetSpanConfig
 from baselines.unite import UniteConfig
 from tools import make_paper_pair
-from tools.bench_decode import task_prompts
+from tools.bench_decode import task_requests
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,25 +78,24 @@ def first_adafuse_gap(fp32, bf16, tau: float) -> dict | None:
     return None
 
 
-def compare(pair_dir: Path, prompts: list[str], stop: list[str], budget: int) -> dict:
+def compare(pair_dir: Path, requests: list[Request]) -> dict:
     pairs = {dtype: load(pair_dir, dtype) for dtype in ("float32", "bfloat16")}
     report = {}
     for name, cfg in METHODS.items():
         spec, cfg = resolve_method(cfg, {})
         differ, gaps = 0, []
-        for prompt in prompts:
-            request = Request(prompt, stop, budget, trace=True)
+        for request in requests:
             out = {dtype: spec.generate(pair.members, request, cfg) for dtype, pair in pairs.items()}
             if out["float32"].text == out["bfloat16"].text:
                 continue
             differ += 1
             if name.startswith("single"):
-                _attach_gaps(out["float32"], pairs["float32"].members[cfg.member], prompt)
+                _attach_gaps(out["float32"], pairs["float32"].members[cfg.member], request.prompt)
                 gaps.append(first_greedy_gap(out["float32"], out["bfloat16"]))
             elif name == "adafuse":
                 gaps.append(first_adafuse_gap(out["float32"], out["bfloat16"], cfg.tau))
-        report[name] = {"prompts": len(prompts), "differ": differ, "first_divergences": gaps}
-        print(f"{name:15s} {differ:2d}/{len(prompts)} outputs differ", flush=True)
+        report[name] = {"prompts": len(requests), "differ": differ, "first_divergences": gaps}
+        print(f"{name:15s} {differ:2d}/{len(requests)} outputs differ", flush=True)
         for gap in gaps:
             print(f"    first divergence: {gap}", flush=True)
     return report
@@ -121,8 +121,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "results/bench/dtypes.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    prompts, stop = task_prompts("nq", args.prompts, args.data_dir)
-    report = compare(make_paper_pair.cached(), prompts, stop, args.budget)
+    requests = [replace(r, trace=True) for r in task_requests("nq", args.prompts, args.data_dir, args.budget)]
+    report = compare(make_paper_pair.cached(), requests)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"budget": args.budget, "methods": report}, indent=2) + "\n")
     print(f"written to {args.out}")

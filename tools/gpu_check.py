@@ -27,16 +27,17 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from adafuse import AdaFuseConfig, Ensemble, Request, SingleConfig
+from adafuse import AdaFuseConfig, Ensemble, SingleConfig
 from adafuse.batching import Scheduler, decode_many
 from adafuse.config import ModelConfig
 from adafuse.methods import METHODS
 from tools import make_paper_pair
-from tools.bench_decode import compare_exact_batching, task_prompts
+from tools.bench_decode import compare_exact_batching, task_requests
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,8 +99,8 @@ def exact_batching(prompts: int, data_dir: Path) -> dict:
 def shaped_pair_batching(prompts: int, budget: int, data_dir: Path) -> dict:
     names = make_paper_pair.DEFAULT
     pair = paper_pair_bf16()
-    texts, stop = task_prompts("nq", prompts, data_dir)
-    report = {"prompts": len(texts), "budget": budget, "models": list(names), "runs": {}}
+    requests = [replace(r, trace=True) for r in task_requests("nq", prompts, data_dir, budget)]
+    report = {"prompts": len(requests), "budget": budget, "models": list(names), "runs": {}}
     for name, (method, cfg) in {
         "single_llama": ("single", SingleConfig(0)),
         "single_mistral": ("single", SingleConfig(1)),
@@ -108,22 +109,22 @@ def shaped_pair_batching(prompts: int, budget: int, data_dir: Path) -> dict:
         spec = METHODS[method]
 
         def one(members, i):
-            return spec.generate(members, Request(texts[i], stop, budget, trace=True), cfg)  # noqa: B023
+            return spec.generate(members, requests[i], cfg)  # noqa: B023
 
         started = time.perf_counter()
-        alone = [one(pair.members, i) for i in range(len(texts))]
+        alone = [one(pair.members, i) for i in range(len(requests))]
         row = {"batch_1_seconds": time.perf_counter() - started}
         for exact in (True, False):
             scheduler = Scheduler(exact=exact)
             started = time.perf_counter()
-            batched = dict(decode_many(pair.members, range(len(texts)), one, 8, scheduler))
+            batched = dict(decode_many(pair.members, range(len(requests)), one, 8, scheduler))
             label = "exact" if exact else "not_exact"
             row[f"batch_8_{label}_seconds"] = time.perf_counter() - started
-            row[f"batch_8_{label}_identical"] = sum(batched[i].text == alone[i].text for i in range(len(texts)))
+            row[f"batch_8_{label}_identical"] = sum(batched[i].text == alone[i].text for i in range(len(requests)))
             if method == "single":
                 row[f"batch_8_{label}_bitwise_logprobs"] = sum(
                     [s.logprob for s in batched[i].trace.steps] == [s.logprob for s in alone[i].trace.steps]
-                    for i in range(len(texts))
+                    for i in range(len(requests))
                 )
             row[f"batch_8_{label}_how"] = scheduler.report()
         report["runs"][name] = row

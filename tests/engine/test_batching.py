@@ -27,32 +27,32 @@ from tools.testing import clone
 pytestmark = pytest.mark.slow
 
 
-def prompts_of_many_lengths(shared_data) -> list[tuple[str, list[str], int]]:
+def prompts_of_many_lengths(shared_data) -> list[Request]:
     nq = (shared_data / "adafuse_local_datasets/NaturalQuestions/dev/nq_prompt.txt").read_text()
     return [
-        ("Question: What is the capital of France?\nAnswer:", ["\n"], 8),  # stops after a round or two
-        (nq + "\n\nQuestion: when was the last time anyone was on the moon\nAnswer:", ["\n"], 8),
-        ("Die Hauptstadt von Deutschland ist", [], 10),  # runs to the budget
-        ("日本の首都は", [], 6),
-        (nq + "\n\nQuestion: who wrote the declaration of independence\nAnswer:", ["\n"], 8),
+        Request("Question: What is the capital of France?\nAnswer:", ["\n"], 8),  # stops after a round or two
+        Request(nq + "\n\nQuestion: when was the last time anyone was on the moon\nAnswer:", ["\n"], 8, prefix=nq),
+        Request("Die Hauptstadt von Deutschland ist", [], 10),  # runs to the budget
+        Request("日本の首都は", [], 6),
+        Request(nq + "\n\nQuestion: who wrote the declaration of independence\nAnswer:", ["\n"], 8, prefix=nq),
+        Request(nq + "\n\nQuestion: who sang the song yesterday\nAnswer:", ["\n"], 6, prefix=nq),
     ]
 
 
 @pytest.mark.parametrize("method, options", [("adafuse", {}), ("single", {"member": 1})])
 def test_batched_predictions_equal_unbatched_ones(paper_pair, shared_data, method, options):
     cases = prompts_of_many_lengths(shared_data)
-    alone = [paper_pair.decode(p, method=method, stop=stop, max_new_tokens=n, **options) for p, stop, n in cases]
+    alone = [paper_pair.decode(request, method=method, **options) for request in cases]
     spec, cfg = resolve_method(method, options)
 
     def one(members, i):  # each example keeps its own stop strings and budget
-        prompt, stop, budget = cases[i]
-        return spec.generate(members, Request(prompt, stop, budget), cfg)
+        return spec.generate(members, cases[i], cfg)
 
     scheduler, finished = Scheduler(), []
     # a batch of 3 for 6 examples: finished examples' slots are refilled while others run on
     for i, gen in decode_many(paper_pair.members, range(len(cases)), one, batch_size=3, scheduler=scheduler):
         finished.append(i)
-        assert gen.text == alone[i].text, cases[i][0][-60:]
+        assert gen.text == alone[i].text, cases[i].prompt[-60:]
         assert gen.ids == alone[i].ids
         assert gen.stats.rounds == alone[i].stats.rounds
         assert gen.stats.forward_passes == alone[i].stats.forward_passes
@@ -65,21 +65,15 @@ def test_batched_predictions_equal_unbatched_ones(paper_pair, shared_data, metho
 def test_examples_that_start_together_read_the_few_shot_prefix_once(tiny, shared_data):
     nq = (shared_data / "adafuse_local_datasets/NaturalQuestions/dev/nq_prompt.txt").read_text()
     questions = ["who wrote hamlet", "where is the eiffel tower", "when did ww2 end", "what is the capital of peru"]
-    prompts = [nq + f"\n\nQuestion: {q}\nAnswer:" for q in questions]
+    requests = [Request(nq + f"\n\nQuestion: {q}\nAnswer:", max_new_tokens=3, prefix=nq + "\n\n") for q in questions]
     member = clone(tiny.members[0])
     member.prompts = PromptStore()  # cold: nothing read before this batch
     spec, cfg = resolve_method("single", {"member": 0})
-    decoded = dict(
-        decode_many(
-            [member], range(4), lambda slot, i: spec.generate(slot, Request(prompts[i], max_new_tokens=3), cfg), 4
-        )
-    )
-    prefix = len(member.encode(nq))
-    fed = sorted(decoded[i].stats.tokens_fed[0] for i in range(4))
-    assert fed[-1] > prefix  # one example read the prefix...
-    assert all(f < 20 for f in fed[:-1])  # ...and the others only their question and answer
+    decoded = dict(decode_many([member], range(4), lambda slot, i: spec.generate(slot, requests[i], cfg), 4))
+    assert len(member.prompts.entries) == 1  # the prefix was read once...
+    assert all(decoded[i].stats.tokens_fed[0] < 20 for i in range(4))  # ...and each example its question and answer
     for i, gen in decoded.items():
-        assert gen.text == tiny.decode(prompts[i], method="single", member=0, max_new_tokens=3).text
+        assert gen.ids == tiny.decode(requests[i], method="single", member=0).ids
 
 
 def test_decode_batch_returns_results_in_prompt_order(paper_pair):

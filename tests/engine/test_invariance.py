@@ -140,15 +140,39 @@ def test_single_at_batch_8_equals_batch_1_and_generate(pair, which):
     try:
         for i, prompt in enumerate(PROMPTS):
             assert batched[i].ids == alone[i].ids and batched[i].text == alone[i].text, prompt
-            # A prompt's tail is read after whatever prefix is cached (README: Batching); in float32 that
-            # read can round differently from reading the whole prompt, well below any decision.
-            tolerance = 0 if member.model.dtype == torch.bfloat16 else 1e-5
-            assert [s.logprob for s in batched[i].trace.steps] == pytest.approx(
-                [s.logprob for s in alone[i].trace.steps], abs=tolerance
-            )
+            assert [s.logprob for s in batched[i].trace.steps] == [s.logprob for s in alone[i].trace.steps]
             assert alone[i].ids[0] == hf_greedy(member, prompt, 16), prompt
     finally:
         member.model.set_attn_implementation(stock)
+
+
+SHARED = "Answer.\n\nQuestion: who wrote hamlet\nAnswer: Shakespeare\n\nQuestion: where is rome\nAnswer: Italy\n\n"
+ASKED = ["who wrote the odyssey", "who wrote faust", "who painted the night watch", "where is lima", "who wrote it"]
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=NAMES)
+def test_a_prompts_numbers_never_depend_on_the_prompts_read_before_it(pair, which):
+    """Prompts that share a declared prefix, and some of them more (questions that start alike), decoded at
+    batch size 1 in order, in reverse order and at batch size 8: every step's log-probability is the same,
+    bit for bit. Where a prompt is split depends on the prompt alone (`Member.prompt_reading`), not on how
+    much of it the prompts read before it happen to share."""
+    spec, cfg = METHODS["single"], SingleConfig(which)
+    requests = [Request(f"{SHARED}Question: {q}\nAnswer:", max_new_tokens=6, trace=True, prefix=SHARED) for q in ASKED]
+
+    def one(members, i):
+        return spec.generate(members, requests[i], cfg)
+
+    forward = [one(pair.members, i) for i in range(len(requests))]
+    backward = [one(pair.members, i) for i in reversed(range(len(requests)))][::-1]
+    batched = dict(decode_many(pair.members, range(len(requests)), one, 8, Scheduler(exact=True)))
+    for i in range(len(requests)):
+        runs = [forward[i], backward[i], batched[i]]
+        assert [s.logprob for s in runs[0].trace.steps] == [s.logprob for s in runs[1].trace.steps], ASKED[i]
+        assert [s.logprob for s in runs[0].trace.steps] == [s.logprob for s in runs[2].trace.steps], ASKED[i]
+        assert runs[0].ids == runs[1].ids == runs[2].ids
+    shared, member = pair.members[which].encode(SHARED), pair.members[which]
+    # the prefix was read on its own and kept (its last token may go with the question instead)
+    assert any(len(ids) >= len(shared) - 1 and shared[: len(ids)] == ids for ids, _ in member.prompts.entries)
 
 
 class MultiplyCount(TorchFunctionMode):

@@ -1,13 +1,9 @@
 """The scheduler's planner on plain data (adafuse/batching.py `plan_passes`): which waiting requests
 meet in which pass, in which order, and where memory splits a pass. No model is loaded."""
 
-from types import SimpleNamespace
-
 import pytest
-from transformers import DynamicCache
 
-from adafuse.batching import PassPlan, RequestShape, pass_bytes, plan_passes, prompt_sources
-from adafuse.cache import PromptStore
+from adafuse.batching import PassPlan, RequestShape, pass_bytes, plan_passes
 from adafuse.errors import BatchMemoryError
 
 KV_BYTES, VOCAB = 100, 10  # per token of cache; logit columns
@@ -48,52 +44,14 @@ def test_prompts_come_first_one_pass_each_then_one_merged_pass_per_weights_in_sl
     ]
 
 
-def test_merging_prompts_only_those_read_first_get_a_pass_of_their_own():
-    """The prompts a later one reads from (`prompt_sources`) run first, one pass each; the others are read in
-    their weights' merged pass."""
+def test_merging_prompts_every_prompt_joins_its_weights_merged_pass():
+    """Exact, a prompt reads its tail after its shared prefix beside the other examples' steps: no prompt pass
+    is planned (a prefix not yet stored, or a prompt without one, is read alone when the pass runs)."""
     waiting = [step(3, weights=2), prompt(2), step(0), prompt(6, weights=2), step(4), step(1, weights=2), prompt(5)]
-    assert plan_passes(waiting, everything_merges, BIG, merge_prompts=True, read_first={2}) == [
-        PassPlan("prompt", (2,)),
-        PassPlan("merged", (0, 4, 5)),
-        PassPlan("merged", (1, 3, 6)),
-    ]
     assert plan_passes(waiting, everything_merges, BIG, merge_prompts=True) == [
         PassPlan("merged", (0, 2, 4, 5)),
         PassPlan("merged", (1, 3, 6)),
     ]
-
-
-FEW_SHOT = list(range(100, 140))  # a task's shared prefix
-
-
-def waiting_prompt(slot: int, ids: list[int], model: object, store: PromptStore, own: list[int] = ()):
-    """A waiting prompt as `prompt_sources` reads it: its slot, ids, and its member's weights, prompt store
-    and own context (a clone's last example)."""
-    member = SimpleNamespace(model=model, prompts=store, ids=list(own), cache=None)
-    return SimpleNamespace(slot=slot, prompt=ids, member=member)
-
-
-def test_only_the_first_of_prompts_that_start_together_on_a_new_prefix_is_read_first():
-    model, store = object(), PromptStore()
-    turn = [waiting_prompt(slot, FEW_SHOT + [slot, 7], model, store) for slot in (0, 2, 4, 6)]
-    assert prompt_sources(turn) == {0}  # the others read the few-shot prefix from it
-    store.add(FEW_SHOT + [9], DynamicCache())  # a later turn: the prefix is stored
-    assert prompt_sources(turn) == set()
-    assert prompt_sources(turn[:1]) == set()
-
-
-def test_prompt_sources_per_weights_and_per_prefix():
-    a, b, store_a, store_b = object(), object(), PromptStore(), PromptStore()
-    other_task = list(range(500, 530))
-    turn = [
-        waiting_prompt(0, FEW_SHOT + [1], a, store_a),
-        waiting_prompt(1, FEW_SHOT + [1], b, store_b),
-        waiting_prompt(2, other_task + [2], a, store_a),
-        waiting_prompt(3, other_task + [3], a, store_a),
-        waiting_prompt(4, FEW_SHOT + [4], a, store_a),
-        waiting_prompt(5, FEW_SHOT + [5], b, store_b, own=FEW_SHOT + [0, 0]),  # its own context holds it
-    ]
-    assert prompt_sources(turn) == {0, 2}
 
 
 def test_merging_prompts_a_last_prompt_with_nothing_to_meet_or_on_weights_that_cannot_merge_reads_alone():
