@@ -168,7 +168,12 @@ def _request(context: str, gen_kwargs: dict) -> Request:
             f"generation argument(s) {', '.join(sorted(options))} are not supported: the methods here take "
             "until, max_gen_toks and greedy decoding only"
         )
-    return Request(context, stop=[until] if isinstance(until, str) else (until or ()), max_new_tokens=budget)
+    stop = [until] if isinstance(until, str) else (until or ())
+    # lm_eval joins a task's description, exemplars and query with blank lines (its fewshot_delimiter): the
+    # context through its last blank line is what the task's requests share, read once (Request.prefix), and
+    # for the tasks eval/lm_tasks.py writes it is the runner's prefix (`Task.prefix`)
+    shared = context[: context.rfind("\n\n") + 2] if "\n\n" in context else ""
+    return Request(context, stop=stop, max_new_tokens=budget, prefix=shared)
 
 
 def register() -> None:

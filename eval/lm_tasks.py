@@ -112,7 +112,7 @@ def write_task(name: str, data_dir: str, out: Path, variant: str = "canonical", 
     overrides = [f"task={name}", f"data.dir={data_dir}", f"data.variant={variant}", f"task.limit={limit or 'null'}"]
     settings = settings_of(compose_run(*overrides))
     task = Task(settings.task, settings.data)
-    prefix, query = task.prefix, task.query
+    prefix, query = task.preamble, task.query
     examples = out / "data" / f"{TAG}_{name}.jsonl"
     examples.parent.mkdir(parents=True, exist_ok=True)
     with open(examples, "w", encoding="utf-8") as f:

@@ -128,9 +128,9 @@ class Task:
     # ---- prompts --------------------------------------------------------------------------------
 
     @cached_property
-    def prefix(self) -> str:
-        """The start every prompt of the task shares: its instruction and exemplars, each followed by a blank
-        line, or the paper's prompt file. A decode reads it once for all examples (`Request.prefix`)."""
+    def preamble(self) -> str:
+        """What every prompt starts with before its query: the instruction and exemplars, each followed by a
+        blank line, or the paper's prompt file."""
         if self.prompt_file is not None:
             return self.prompt_file
         parts = [self.cfg.instruction] if self.cfg.instruction else []
@@ -139,12 +139,20 @@ class Task:
 
     @property
     def query(self) -> str:
-        """The template that follows `prefix`, filled with an example's fields."""
+        """The template that follows `preamble`, filled with an example's fields."""
         return self.cfg.query if self.prompt_file is None else self.cfg.paper_query
+
+    @cached_property
+    def prefix(self) -> str:
+        """The start every prompt shares, through its last blank line before the query's first field: what a
+        decode reads once for all examples (`Request.prefix`). Cut at a blank line, as lm_eval's few-shot
+        delimiter is, so that its contexts are split where the runner splits its prompts (eval/lm_harness.py)."""
+        shared = self.preamble + self.query.split("{", 1)[0]
+        return shared[: shared.rfind("\n\n") + 2] if "\n\n" in shared else ""
 
     def prompt(self, example: Example) -> str:
         """Instruction, exemplars and query, separated by blank lines; or the paper's prompt file + query."""
-        return self.prefix + _fill(self.query, example, self.name)
+        return self.preamble + _fill(self.query, example, self.name)
 
     # ---- scores ---------------------------------------------------------------------------------
 

@@ -84,7 +84,7 @@ def test_prompts_hold_instruction_exemplars_and_query(shared_data):
     assert [s.id for s in other.shots] != [s.id for s in t.shots]
     # every prompt starts with the task's prefix, read once for all of them (Request.prefix)
     assert t.prefix.endswith(f"Answer: {t.shots[-1].fields['answer']}\n\n") and t.prefix.startswith(t.cfg.instruction)
-    assert all(t.prompt(e) == t.prefix + t.query.format(**e.fields) for e in t.examples)
+    assert t.prefix == t.preamble and all(t.prompt(e) == t.preamble + t.query.format(**e.fields) for e in t.examples)
     with pytest.raises(ValueError, match="is not the start of the prompt"):
         Request("Question: who?\nAnswer:", prefix=t.prefix)
 
@@ -95,7 +95,7 @@ def test_the_papers_prompt_files_give_the_papers_exact_prompts(shared_data):
     assert t.shots == []
     question = t.examples[0].fields["question"]
     assert t.prompt(t.examples[0]) == prompt_file.read_text() + f"\n\nQuestion: {question}\nLet's think step by step\n"
-    assert t.prefix == prompt_file.read_text()
+    assert t.preamble == prompt_file.read_text() and t.prefix == t.preamble + "\n\n"  # the query's blank line
     with pytest.raises(DataError, match="nowhere.txt does not exist"):
         task_of("nq", shared_data, prompt_file="/nowhere.txt")
 

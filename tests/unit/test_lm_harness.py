@@ -7,7 +7,7 @@ from lm_eval.tasks import TaskManager
 
 from adafuse.errors import ConfigError, UnknownNameError
 from conf.compose import compose_run
-from eval.lm_harness import AdaFuseLM
+from eval.lm_harness import AdaFuseLM, _request
 from eval.lm_tasks import main as write_tasks_command
 from eval.lm_tasks import write_tasks
 from eval.runner import settings_of
@@ -60,3 +60,5 @@ def test_written_tasks_give_the_runners_prompts_and_stops(tmp_path, variant):
         for request in requests:
             assert request.args[1]["until"] == list(settings.task.stop)
             assert request.args[1]["max_gen_toks"] == settings.task.max_new_tokens
+            # the adapter splits lm_eval's context where the runner splits the prompt
+            assert _request(*request.args).prefix == ours.prefix, name
