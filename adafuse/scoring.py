@@ -12,8 +12,9 @@ continuation is the whole's ids after as many ids as the context alone has. An e
 member's BOS id (its EOS id where it has none), as in `hf`. Log-probabilities come from the raw
 distribution (control tokens not masked): a string's probability under the model as it is.
 
-The context is read once per member, whole, and its KV cache is shared by every continuation scored
-after it.
+The context is read once per member (its text through its last blank line, the exemplars that few-shot
+contexts share, once for all of them: `shared_length`) and its KV cache is shared by every continuation
+scored after it.
 """
 
 from collections.abc import Sequence
@@ -21,8 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
+from adafuse.cache import common_prefix
 from adafuse.errors import ContextLengthError
 from adafuse.model import Member
+from adafuse.session import through_last_blank_line
 
 # Continuation positions read per forward pass: the log-softmax of a pass is (rows, positions, vocabulary)
 # floats, 1 GiB for 4 rows of 256 positions over Gemma's 262k vocabulary.
@@ -45,6 +48,13 @@ def _encode(member: Member, text: str) -> list[int]:
     return member.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
 
 
+def shared_length(member: Member, context: str, ids: list[int]) -> int:
+    """How many of a context's `ids` are those of its text through its last blank line (`through_last_blank_line`:
+    the exemplars that few-shot contexts share), so that each member reads them once for every context."""
+    shared = through_last_blank_line(context)
+    return min(common_prefix(_encode(member, shared), ids), len(ids) - 1) if shared else 0
+
+
 def split_ids(member: Member, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """(context ids, continuation ids) in this member's tokenization, by lm_eval's `hf` rule (module doc)."""
     if context == "":
@@ -58,15 +68,18 @@ def split_ids(member: Member, context: str, continuation: str) -> tuple[list[int
     return context_ids, _encode(member, context + continuation)[len(context_ids) :]
 
 
-def score_ids(member: Member, context: list[int], continuations: Sequence[list[int]]) -> list[tuple[float, bool]]:
-    """(log-probability, greedy) of each id list after `context`, whose KV all of them share."""
+def score_ids(
+    member: Member, context: list[int], continuations: Sequence[list[int]], shared: int = 0
+) -> list[tuple[float, bool]]:
+    """(log-probability, greedy) of each id list after `context`, whose KV all of them share; the context's
+    first `shared` ids are a prefix other contexts share (`Member.prompt_reading`)."""
     longest = max(len(c) for c in continuations)
     if member.max_positions and len(context) + max(longest - 1, 0) > member.max_positions:
         raise ContextLengthError(
             f"model {member.name!r}: a context of {len(context)} tokens and a continuation of {longest} "
             f"do not fit in the model's {member.max_positions} positions"
         )
-    after_context = torch.log_softmax(member.read_prompt(context)[0, -1].float(), dim=-1)
+    after_context = torch.log_softmax(member.read_prompt(context, shared)[0, -1].float(), dim=-1)
     totals = [after_context[c[0]].item() if c else 0.0 for c in continuations]
     greedy = [not c or int(after_context.argmax()) == c[0] for c in continuations]
     # Each row reads its continuation but the last id (whose successor nobody asks for), right-padded:
@@ -115,7 +128,8 @@ def loglikelihood(members: list[Member], requests: Sequence[tuple[str, str]]) ->
                 context_ids, continuation_ids = split_ids(member, context, requests[i][1])
                 groups.setdefault(tuple(context_ids), []).append((i, continuation_ids))
             for context_ids, group in groups.items():
-                for (i, _), value in zip(group, score_ids(member, list(context_ids), [c for _, c in group])):
+                shared = shared_length(member, context, list(context_ids))
+                for (i, _), value in zip(group, score_ids(member, list(context_ids), [c for _, c in group], shared)):
                     values[i] = value
         per_member.append(values)
     return _combine(per_member)

@@ -48,6 +48,12 @@ class Request:
         return cls(prompt, **fields)
 
 
+def through_last_blank_line(text: str) -> str:
+    """`text` through its last blank line, "" if it has none: what few-shot prompts share where their
+    exemplars and query are joined by blank lines (lm_eval's few-shot delimiter, this project's tasks)."""
+    return text[: text.rfind("\n\n") + 2] if "\n\n" in text else ""
+
+
 _ON_SIDE = threading.local()
 
 

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from adafuse import DEFAULT_BATCH_SIZE, Request, model_config
 from adafuse.errors import ConfigError, UnknownNameError
 from adafuse.methods import METHODS
+from adafuse.session import through_last_blank_line
 from conf.compose import compose_run
 from eval.runner import load_ensemble, settings_of
 
@@ -169,11 +170,10 @@ def _request(context: str, gen_kwargs: dict) -> Request:
             "until, max_gen_toks and greedy decoding only"
         )
     stop = [until] if isinstance(until, str) else (until or ())
-    # lm_eval joins a task's description, exemplars and query with blank lines (its fewshot_delimiter): the
-    # context through its last blank line is what the task's requests share, read once (Request.prefix), and
-    # for the tasks eval/lm_tasks.py writes it is the runner's prefix (`Task.prefix`)
-    shared = context[: context.rfind("\n\n") + 2] if "\n\n" in context else ""
-    return Request(context, stop=stop, max_new_tokens=budget, prefix=shared)
+    # lm_eval joins a task's description, exemplars and query with blank lines (its fewshot_delimiter): that
+    # much of the context is what the task's requests share, read once (Request.prefix), and for the tasks
+    # eval/lm_tasks.py writes it is the runner's prefix (`Task.prefix`)
+    return Request(context, stop=stop, max_new_tokens=budget, prefix=through_last_blank_line(context))
 
 
 def register() -> None:

@@ -11,6 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 from adafuse.errors import ConfigError, DataError
+from adafuse.session import through_last_blank_line
 from eval import paper_metrics  # noqa: F401  (registers the paper_* replicas in METRICS)
 from eval.data import Example, read_hub, read_local
 from eval.extract import EXTRACTORS, extract
@@ -147,8 +148,7 @@ class Task:
         """The start every prompt shares, through its last blank line before the query's first field: what a
         decode reads once for all examples (`Request.prefix`). Cut at a blank line, as lm_eval's few-shot
         delimiter is, so that its contexts are split where the runner splits its prompts (eval/lm_harness.py)."""
-        shared = self.preamble + self.query.split("{", 1)[0]
-        return shared[: shared.rfind("\n\n") + 2] if "\n\n" in shared else ""
+        return through_last_blank_line(self.preamble + self.query.split("{", 1)[0])
 
     def prompt(self, example: Example) -> str:
         """Instruction, exemplars and query, separated by blank lines; or the paper's prompt file + query."""

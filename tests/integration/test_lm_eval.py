@@ -11,12 +11,15 @@ from lm_eval import simple_evaluate
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
+from adafuse.cache import PromptStore
 from adafuse.errors import ConfigError
+from adafuse.scoring import loglikelihood
 from conf.compose import compose_run
 from eval.lm_harness import AdaFuseLM
 from eval.lm_tasks import write_tasks
 from eval.runner import main
 from tools.paths import SHARED_DATA
+from tools.testing import clone
 
 pytestmark = pytest.mark.slow
 
@@ -156,6 +159,20 @@ def test_ensemble_loglikelihood_is_the_mean_of_its_members(task_dir):
         for m in members
     ]
     assert rolling == pytest.approx(sum(per_member) / len(per_member), abs=1e-3)
+
+
+def test_contexts_that_share_exemplars_read_them_once_and_score_the_same_in_any_order(tiny):
+    """Few-shot contexts (exemplars and query joined by blank lines, as lm_eval builds them): each member reads
+    the exemplars once for all, and every score is the same, bit for bit, whichever contexts came before."""
+    shots = "Question: What is 2 + 2?\nAnswer: 4\n\nQuestion: What colour is the sky?\nAnswer: blue\n\n"
+    asked = [("What is 3 + 3?", " 6"), ("What is 3 + 4?", " 7"), ("What colour is grass?", " green")]
+    requests = [(shots + f"Question: {question}\nAnswer:", answer) for question, answer in asked]
+    members = [clone(m) for m in tiny.members]
+    for member in members:
+        member.prompts = PromptStore()
+    forward = loglikelihood(members, requests)
+    assert all(len(member.prompts.entries) == 1 for member in members)
+    assert loglikelihood(members, requests[::-1])[::-1] == forward
 
 
 def test_a_sampling_request_is_refused_with_the_reason():
