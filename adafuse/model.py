@@ -259,11 +259,11 @@ class Member:
         """How many of the prompt's `ids` belong to its shared `prefix`: the ids they start with of the prompt
         as this model reads it (`render`) cut where `prefix` ends, so a token that spans the cut stays with
         the rest. At least one id is left after them (its logits are the prompt's); 0 without a prefix."""
+        if not prefix:
+            return 0
         rendered = self.render(prompt)
         at = rendered.find(prompt)  # a chat template wraps the prompt in its markers
-        if not prefix or at < 0:
-            return 0
-        return min(common_prefix(self.encode(rendered[: at + len(prefix)]), ids), len(ids) - 1)
+        return 0 if at < 0 else min(common_prefix(self.encode(rendered[: at + len(prefix)]), ids), len(ids) - 1)
 
     def read_prompt(self, ids: list[int], shared: int = 0) -> torch.Tensor:
         """Make `ids` the context and the cache theirs, the first `shared` ids read as a stored prefix
