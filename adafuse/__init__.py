@@ -3,7 +3,7 @@
 from adafuse.batching import DEFAULT_BATCH_SIZE
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
 from adafuse.ensemble import Ensemble, model_config
-from adafuse.session import Request
+from adafuse.session import Request, through_last_blank_line
 from adafuse.trace import Generation, Stats, Trace
 
 __all__ = [
@@ -17,4 +17,5 @@ __all__ = [
     "Stats",
     "Trace",
     "model_config",
+    "through_last_blank_line",
 ]

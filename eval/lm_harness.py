@@ -25,10 +25,9 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import model_registry
 from tqdm import tqdm
 
-from adafuse import DEFAULT_BATCH_SIZE, Request, model_config
+from adafuse import DEFAULT_BATCH_SIZE, Request, model_config, through_last_blank_line
 from adafuse.errors import ConfigError, UnknownNameError
 from adafuse.methods import METHODS
-from adafuse.session import through_last_blank_line
 from conf.compose import compose_run
 from eval.runner import load_ensemble, settings_of
 

@@ -10,8 +10,8 @@ import random
 from functools import cached_property
 from pathlib import Path
 
+from adafuse import through_last_blank_line
 from adafuse.errors import ConfigError, DataError
-from adafuse.session import through_last_blank_line
 from eval import paper_metrics  # noqa: F401  (registers the paper_* replicas in METRICS)
 from eval.data import Example, read_hub, read_local
 from eval.extract import EXTRACTORS, extract
