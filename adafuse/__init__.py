@@ -1,7 +1,7 @@
 """AdaFuse: adaptive word-level ensemble decoding of LLMs (arXiv 2601.06022), per ../shared/spec/adafuse.md."""
 
-from adafuse.batching import DEFAULT_BATCH_SIZE
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
+from adafuse.engine import DEFAULT_BATCH_SIZE
 from adafuse.ensemble import Ensemble, model_config
 from adafuse.session import Request, through_last_blank_line
 from adafuse.trace import Generation, Stats, Trace

@@ -1,15 +1,10 @@
-"""KV-cache mechanics under the member (adafuse/model.py): caches derived as views, the prompts a
-member's clones share, and forks of the committed context read as one batch (`Rows`).
+"""KV-cache mechanics under a member's context (adafuse/context.py): caches derived as views that grow in
+place, and the shared prompt prefixes a member's clones read once (`PromptStore`).
 """
-
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
-
-if TYPE_CHECKING:  # a fork reads through its member; the member module imports this one
-    from adafuse.model import Member
 
 
 def derive_cache(cache: DynamicCache, view) -> DynamicCache:
@@ -99,96 +94,3 @@ class PromptStore:
     def add(self, ids: list[int], cache: DynamicCache) -> None:
         self.entries = [(list(ids), cache)] + self.entries
         del self.entries[self.size :]
-
-
-class Rows:
-    """A batch of continuations of one shared prefix, read together.
-
-    Row i's context is `prefix + tokens[i]`. Rows are right-padded, so a row that stopped early
-    (a finished word, a short candidate) keeps padding after its real tokens; causal attention never
-    lets a real token see padding, and `cache_of_row` crops it away.
-    """
-
-    def __init__(self, member: "Member", prefix: list[int], cache: DynamicCache, n: int):
-        self.member = member
-        self.prefix = prefix
-        self.cache = cache
-        self.tokens: list[list[int]] = [[] for _ in range(n)]
-        self.last: list[torch.Tensor | None] = [member.logprobs if len(prefix) == len(member.ids) else None] * n
-        self.width = 0  # positions read after the prefix, padding included
-
-    def extend(self, new: list[list[int]]) -> "Steps":
-        """Read `new[i]` after row i; returns the log-probabilities at each new position (`Steps`).
-
-        A row that gets tokens must not have stopped early before (it would read after its padding).
-        """
-        longest = max(len(t) for t in new)
-        for i, t in enumerate(new):
-            if t and len(self.tokens[i]) != self.width:
-                raise AssertionError(f"row {i} stopped early and cannot be extended")
-        pad = [t + [t[-1] if t else 0] * (longest - len(t)) for t in new]
-        lengths = [len(t) for t in new]
-        ids = torch.tensor(pad, device=self.member.device)
-        steps = Steps(self.member._forward(self.cache, ids, lengths=lengths, logprobs=True), lengths)
-        for i, t in enumerate(new):
-            if t:
-                self.tokens[i] = self.tokens[i] + t
-                self.last[i] = steps[i, len(t) - 1]
-        self.width += longest
-        return steps
-
-    def select(self, rows: list[int]) -> "Rows":
-        """New rows that copy the given rows, in that order (beam search); this object stays as it was."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.member.device)  # may be empty
-        chosen = Rows(self.member, self.prefix, derive_cache(self.cache, lambda t: t[index]), 0)
-        chosen.tokens = [self.tokens[r] for r in rows]
-        chosen.last = [self.last[r] for r in rows]
-        chosen.width = self.width
-        return chosen
-
-    def fork(self, row: int, n: int) -> "Rows":
-        """n new rows that continue row `row` (its real tokens, not its padding)."""
-        end = len(self.prefix) + len(self.tokens[row])
-        view = derive_cache(self.cache, lambda t: t[row : row + 1, :, :end].expand(n, -1, -1, -1))
-        child = Rows(self.member, self.prefix + self.tokens[row], view, n)
-        child.last = [self.last[row]] * n
-        return child
-
-    def truncate(self, row: int, length: int, last: torch.Tensor) -> None:
-        """Row `row` keeps its first `length` tokens after the prefix; `last` is the distribution after them.
-
-        The row has stopped early: it can be committed, not extended.
-        """
-        self.tokens[row] = self.tokens[row][:length]
-        self.last[row] = last
-
-    def cache_of_row(self, row: int) -> DynamicCache:
-        end = len(self.prefix) + len(self.tokens[row])
-        return derive_cache(self.cache, lambda t: t[row : row + 1, :, :end])
-
-
-class Steps:
-    """The log-probabilities one `Rows.extend` computed: `steps[i, j]` is the distribution after the j-th id
-    row i read (j < the ids it read; a slice of j gives several, a slice of i stacks rows). The padding
-    after a row's ids is never computed (adafuse/invariance.py `live_positions`): nothing to index there."""
-
-    def __init__(self, packed: torch.Tensor, lengths: list[int]):
-        self.packed = packed  # (sum(lengths), vocab), row after row
-        self.lengths = lengths
-        self.starts = [sum(lengths[:i]) for i in range(len(lengths))]
-
-    @property
-    def device(self) -> torch.device:
-        return self.packed.device
-
-    def __getitem__(self, key: tuple[int | slice, int | slice]) -> torch.Tensor:
-        row, position = key
-        if isinstance(row, slice):  # several rows at one position each: stacked
-            return torch.stack([self[r, position] for r in range(len(self.lengths))[row]])
-        length = self.lengths[row]
-        if isinstance(position, slice):
-            start, stop, step = position.indices(length)
-            return self.packed[self.starts[row] + start : self.starts[row] + stop : step]
-        if not -length <= position < length:
-            raise IndexError(f"row {row} read {length} ids; there is no position {position}")
-        return self.packed[self.starts[row] + position % length]

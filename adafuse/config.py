@@ -4,11 +4,20 @@ Range checks run in `__post_init__`, so a bad value fails when the config is bui
 weights load. Symbols follow spec §6: tau = τΔ, max_words = M, branches = B.
 """
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from adafuse.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+def default_cache_dir() -> Path:
+    """Where the engine keeps what it derives once (converted GGUFs, probe verdicts, DeePEn's matrices)."""
+    if "ADAFUSE_CACHE" in os.environ:
+        return Path(os.environ["ADAFUSE_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "adafuse"
 
 
 @dataclass

@@ -13,13 +13,14 @@ from pathlib import Path
 import torch
 import yaml
 
-from adafuse.batching import DEFAULT_BATCH_SIZE, Scheduler, decode_many
 from adafuse.config import ModelConfig
+from adafuse.engine import DEFAULT_BATCH_SIZE, decode_many, drive
 from adafuse.errors import ConfigError, UnknownNameError
+from adafuse.executor import Executor
 from adafuse.loading import load_pretrained, placement
 from adafuse.methods import METHODS
 from adafuse.model import Member
-from adafuse.scoring import Score, loglikelihood, loglikelihood_rolling
+from adafuse.scoring import Likelihood, loglikelihood, loglikelihood_rolling
 from adafuse.session import Request
 from adafuse.trace import Generation
 
@@ -113,7 +114,7 @@ class Ensemble:
         """
         options, settings = _split_request_fields(options)
         spec, cfg = resolve_method(method, options)
-        return spec.generate(self.members, Request.of(prompt, **settings), cfg)
+        return drive(spec.generate(self.members, Request.of(prompt, **settings), cfg))
 
     def decode_stream(
         self,
@@ -123,34 +124,35 @@ class Ensemble:
         method="adafuse",
         exact: bool = True,
         side_by_side: bool = True,
-        scheduler: Scheduler | None = None,
+        executor: Executor | None = None,
         **options,
     ) -> "DecodeStream":
-        """Decode (key, prompt or Request) items with `batch_size` examples in flight (adafuse/batching.py);
+        """Decode (key, prompt or Request) items with `batch_size` examples in flight (adafuse/engine.py);
         iterating yields (key, Generation) as each finishes. With `exact` (the default) every forward pass
         has the bits it has in `decode`, and so every output (adafuse/invariance.py); without, up to
-        rounding. `side_by_side=False` runs one model's passes after the other's, each on every core (the
-        same outputs). Request settings given as keywords apply to every item that is a plain prompt."""
+        rounding. `side_by_side=False` runs one model's passes after the other's on the CPU, each on every
+        core (the same outputs). Request settings given as keywords apply to every item that is a plain
+        prompt."""
         options, settings = _split_request_fields(options)
         spec, cfg = resolve_method(method, options)
 
         def one(members, item):
             return spec.generate(members, Request.of(item[1], **settings), cfg)
 
-        scheduler = scheduler or Scheduler(exact=exact, side_by_side=side_by_side)
-        return DecodeStream(decode_many(self.members, items, one, batch_size, scheduler), scheduler)
+        executor = executor or Executor(exact=exact, side_by_side=side_by_side)
+        return DecodeStream(decode_many(self.members, items, one, batch_size, executor), executor)
 
     def decode_batch(self, prompts: list[str | Request], **kwargs) -> list[Generation]:
         """`decode` for many prompts, batched across examples; results in the order of `prompts`."""
         done = dict(self.decode_stream(enumerate(prompts), **kwargs))
         return [done[i] for i in range(len(prompts))]
 
-    def loglikelihood(self, requests: list[tuple[str, str]]) -> list[Score]:
+    def loglikelihood(self, requests: list[tuple[str, str]]) -> list[Likelihood]:
         """Each (context, continuation)'s log-probability: the mean over the loaded members, each in its own
         tokenization (adafuse/scoring.py); in input order."""
         return loglikelihood([m for m in self.members if m is not None], requests)
 
-    def loglikelihood_rolling(self, texts: list[str]) -> list[Score]:
+    def loglikelihood_rolling(self, texts: list[str]) -> list[Likelihood]:
         """Each text's log-probability from its start, the mean over the loaded members (adafuse/scoring.py)."""
         return loglikelihood_rolling([m for m in self.members if m is not None], texts)
 
@@ -159,9 +161,9 @@ class DecodeStream:
     """The (key, Generation) pairs of `Ensemble.decode_stream` in the order the examples finish, and
     how their forward passes met so far (`batching`)."""
 
-    def __init__(self, finished: Iterator[tuple[tuple[object, object], Generation]], scheduler: Scheduler):
+    def __init__(self, finished: Iterator[tuple[tuple[object, object], Generation]], executor: Executor):
         self._finished = finished  # decode_many's ((key, prompt), Generation) pairs
-        self._scheduler = scheduler
+        self._executor = executor
 
     def __iter__(self) -> "DecodeStream":
         return self
@@ -171,15 +173,15 @@ class DecodeStream:
         return key, gen
 
     def close(self) -> None:
-        """Stop early: the examples in flight are cancelled and their worker threads joined."""
+        """Stop early: the examples in flight are closed, nothing left waiting."""
         self._finished.close()
 
     @property
     def batching(self) -> dict[str, dict]:
         """Per model name: how its requests met ("attention", "linear": "merged", "row_tiles",
         "per_request" or "alone": `Meeting`) and its "passes", "merged_passes", "rows" and "merged_prompts"
-        (adafuse/batching.py, `Scheduler.report`)."""
-        return self._scheduler.report()
+        (adafuse/executor.py, `Executor.report`)."""
+        return self._executor.report()
 
 
 def _split_request_fields(options: dict) -> tuple[dict, dict]:

@@ -57,3 +57,8 @@ class ResumeMismatchError(ConfigError):
 class ResultsDirError(AdaFuseError, OSError):
     """The run directory cannot be created or written (a parent that is a file, no permission, a
     read-only file system); raised before any model loads."""
+
+
+class BackendError(AdaFuseError, RuntimeError):
+    """The installed transformers or a model lacks a feature the engine relies on (adafuse/backend.py); the
+    message names what is missing."""

@@ -34,8 +34,8 @@ def members_used(cfg: SingleConfig, available: int) -> list[int]:
     return [cfg.member]
 
 
-def decode(s: Session, cfg: SingleConfig) -> None:
-    """Greedy decoding of the session's one member (the seam passes only the member `cfg` names)."""
+def decode(s: Session, cfg: SingleConfig):
+    """Greedy decoding of the session's one member (the seam passes only the member `cfg` names): a program."""
     (m,) = s.members
     prompt_ids = list(m.ids)
     generated: list[int] = []
@@ -51,8 +51,9 @@ def decode(s: Session, cfg: SingleConfig) -> None:
         if s.tracing:
             s.log(GreedyStep(token, m.logprobs[token].item(), new))
         # Like generate(), the last token is never read: nothing would use its logits.
+        before = s.text
         if not s.add(new, unread=1):
-            m.append_ids([token], new)
+            yield from m.append_ids([token], before, new)
     s.set_output_ids([generated])
 
 

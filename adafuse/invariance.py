@@ -63,8 +63,8 @@ from transformers.masking_utils import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from adafuse.cores import blas_threads, mkl_threads
-from adafuse.probe_store import Verdicts
+from adafuse.cores import Cores
+from adafuse.probe_store import ProbeStore, Verdicts
 
 PREFIX = "adafuse-split-"  # the wrapped attention implementation's name: PREFIX + the original's
 TILE_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # row tiles tried, fewest first (a GPU may need large ones)
@@ -225,7 +225,27 @@ def _cache_of_length(length: int, device) -> DynamicCache:
 # ---- linear layers ------------------------------------------------------------------------------
 
 
-def tile_linear_layers(model) -> None:
+class KernelProbes:
+    """The verdicts of this module's probes, one table each, backed by a probe store (adafuse/probe_store.py),
+    and the CPU cores a multiply may share (adafuse/cores.py; None off the CPU). The backend owns one per
+    process and device type (adafuse/backend.py); every wrapped layer reads it."""
+
+    def __init__(self, store: ProbeStore, cores: Cores | None):
+        self.tile_rows = Verdicts("tile_rows", store)  # kernel key -> the rows of its tile
+        self.one_call = Verdicts(
+            "one_call", store
+        )  # (kernel key, padded rows) -> does one call give every tile's bits?
+        self.fewer_threads = Verdicts("fewer_threads", store)  # (kernel key, rows, MKL threads) -> all threads' bits?
+        self.batched_blocks = Verdicts("batched_blocks", store)  # (block kernel key, rows, MKL threads) -> blockwise?
+        self.cores = cores
+
+    def __deepcopy__(self, memo) -> "KernelProbes":
+        """The process's own: a deep copy of a model whose layers read it (tools/testing.py `narrow_window`)
+        reads the same verdicts, which hold for every weight of a kernel key."""
+        return self
+
+
+def tile_linear_layers(model, probes: KernelProbes) -> None:
     """Make every linear layer of the model multiply in row tiles (`tiled_linear`), alone and merged
     alike (idempotent). The output embeddings, if blocked (adafuse/projection.py), tile each block.
     A model whose weights are not materialised (the meta device) is left alone: nothing to probe."""
@@ -234,58 +254,66 @@ def tile_linear_layers(model) -> None:
             continue
         if not getattr(module, "_adafuse_blocked", False) and not getattr(module, "_adafuse_tiled", False):
             head = module is model.get_output_embeddings()
-            module.forward = functools.partial(_tiled_forward, module, head)
+            module.forward = functools.partial(_tiled_forward, module, head, probes)
             module._adafuse_tiled = True
 
 
-def _tiled_forward(module: torch.nn.Linear, head: bool, x: torch.Tensor) -> torch.Tensor:
-    return tiled_linear(x, module.weight, module.bias, pack=head)
+def _tiled_forward(module: torch.nn.Linear, head: bool, probes: KernelProbes, x: torch.Tensor) -> torch.Tensor:
+    return tiled_linear(probes, x, module.weight, module.bias, pack=head)
 
 
 def tiled_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False
+    probes: KernelProbes, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False
 ) -> torch.Tensor:
     """F.linear(x, weight, bias), every row computed with the bits it gets in a tile of `tile_rows` rows
     whatever the other rows: the rows are zero-padded to a whole number of tiles and multiplied in one
     call where that call is probed to give each tile's bits (`one_call_is_tiled`), else tile by tile.
     Inside `live_positions`, only the live positions are multiplied (`only_live`; `pack`: the model's
     vocabulary projection)."""
-    return only_live(x, weight.shape[0], lambda flat: _tiled_rows(flat, weight, bias), pack)
+    return only_live(x, weight.shape[0], lambda flat: _tiled_rows(probes, flat, weight, bias), pack)
 
 
-def _tiled_rows(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return multiply_in_tiles(pad_to_tiles(flat, weight, bias), weight, bias)[: flat.shape[0]]
+def _tiled_rows(probes: KernelProbes, flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    return multiply_in_tiles(probes, pad_to_tiles(probes, flat, weight, bias), weight, bias)[: flat.shape[0]]
 
 
-def pad_to_tiles(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def pad_to_tiles(probes: KernelProbes, flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """The rows (rows, in) followed by zero rows up to a whole number of this multiply's tiles."""
-    tile = tile_rows(weight, bias)
+    tile = tile_rows(probes, weight, bias)
     missing = -flat.shape[0] % tile
     return torch.cat([flat, flat.new_zeros(missing, flat.shape[1])]) if missing else flat
 
 
-def multiply_in_tiles(padded: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def multiply_in_tiles(
+    probes: KernelProbes, padded: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     """Rows already padded to whole tiles (`pad_to_tiles`): one call where it keeps each tile's bits,
     else tile by tile. (Calls of PROBE_ROWS rows, each probed, were tried for the second case: on the
     paper pair in shape in bfloat16 one request of 64 still came out a bfloat16 step apart, so a probe
     of a part of a larger pass is not trusted.)"""
-    if one_call_is_tiled(weight, bias, padded.shape[0]):
-        return linear(padded, weight, bias)
-    return torch.cat([linear(tile, weight, bias) for tile in padded.split(tile_rows(weight, bias))])
+    if one_call_is_tiled(probes, weight, bias, padded.shape[0]):
+        return linear(probes, padded, weight, bias)
+    tile = tile_rows(probes, weight, bias)
+    return torch.cat([linear(probes, part, weight, bias) for part in padded.split(tile)])
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def linear(probes: KernelProbes, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear(x, weight, bias) on the calling thread's share of the cores (`linear_threads`)."""
-    with mkl_threads(linear_threads(weight, bias, x.shape[0])):
+    threads = linear_threads(probes, weight, bias, x.shape[0])
+    if threads is None:
+        return F.linear(x, weight, bias)
+    with probes.cores.mkl_threads(threads):
         return F.linear(x, weight, bias)
 
 
-def linear_threads(weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> int | None:
+def linear_threads(probes: KernelProbes, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> int | None:
     """The MKL threads a multiply of `rows` rows runs on: the calling thread's share of the cores
     (adafuse/cores.py), where a probe shows that the fewer threads give the same bits
     (`fewer_threads_keep_bits`); else None, all of them."""
-    threads = blas_threads() if weight.device.type == "cpu" and weight.dtype in _MKL_DTYPES else None
-    if threads is not None and not fewer_threads_keep_bits(weight, bias, rows, threads):
+    if probes.cores is None or weight.device.type != "cpu" or weight.dtype not in _MKL_DTYPES:
+        return None
+    threads = probes.cores.blas_threads()
+    if threads is not None and not fewer_threads_keep_bits(probes, weight, bias, rows, threads):
         return None
     return threads
 
@@ -302,15 +330,10 @@ def _kernel_key(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
     )
 
 
-# Verdicts of the probes below, kept on disk for the next process in the same environment (adafuse/probe_store.py)
-_TILE_ROWS = Verdicts("tile_rows")  # kernel key -> the rows of its tile
-_ONE_CALL = Verdicts("one_call")  # (kernel key, padded rows) -> does one call give every tile's bits?
-_FEWER_THREADS = Verdicts("fewer_threads")  # (kernel key, rows, MKL threads) -> the bits of all threads?
-_BATCHED_BLOCKS = Verdicts("batched_blocks")  # (block kernel key, rows, MKL threads) -> blockwise bits?
 _MKL_DTYPES = (torch.float32, torch.float64)  # the CPU multiplies MKL runs (bfloat16 runs in oneDNN)
 
 
-def tile_rows(weight: torch.Tensor, bias: torch.Tensor | None) -> int:
+def tile_rows(probes: KernelProbes, weight: torch.Tensor, bias: torch.Tensor | None) -> int:
     """The rows of a tile for this kernel: the fewest (of TILE_CANDIDATES) such that a row gets the same
     bits at any place in a tile, beside any rows, as alone in a tile of zeros, and tile-by-tile bits
     equal one multiply of PROBE_ROWS rows (so that merged passes multiply in one call). Where no size
@@ -329,14 +352,14 @@ def tile_rows(weight: torch.Tensor, bias: torch.Tensor | None) -> int:
             steady = (t for t in reversed(TILE_CANDIDATES) if _position_invariant(x, weight, bias, t))
             return next(agreeing, None) or next(steady)
 
-    return _TILE_ROWS.get_or_probe(_kernel_key(weight, bias), probe)
+    return probes.tile_rows.get_or_probe(_kernel_key(weight, bias), probe)
 
 
-def one_call_is_tiled(weight: torch.Tensor, bias: torch.Tensor | None, padded_rows: int) -> bool:
+def one_call_is_tiled(probes: KernelProbes, weight: torch.Tensor, bias: torch.Tensor | None, padded_rows: int) -> bool:
     """Does one multiply of `padded_rows` rows give every row the bits of its tile? Probed once per kernel
     key and row count, on first use (or read from the probe store, where the same environment probed it):
     every row count a pass reaches is checked, none assumed."""
-    tile = tile_rows(weight, bias)
+    tile = tile_rows(probes, weight, bias)
     if padded_rows <= tile:
         return True
 
@@ -345,21 +368,23 @@ def one_call_is_tiled(weight: torch.Tensor, bias: torch.Tensor | None, padded_ro
             x = _probe_input(padded_rows, weight, seed=padded_rows)
             return torch.equal(F.linear(x, weight, bias), _tile_by_tile(x, weight, bias, tile))
 
-    return _ONE_CALL.get_or_probe((_kernel_key(weight, bias), padded_rows), probe)
+    return probes.one_call.get_or_probe((_kernel_key(weight, bias), padded_rows), probe)
 
 
-def fewer_threads_keep_bits(weight: torch.Tensor, bias: torch.Tensor | None, rows: int, threads: int) -> bool:
+def fewer_threads_keep_bits(
+    probes: KernelProbes, weight: torch.Tensor, bias: torch.Tensor | None, rows: int, threads: int
+) -> bool:
     """Does a multiply of `rows` rows on `threads` MKL threads give the bits it gets on all of them? Probed
     once per kernel key, row count and thread count, on first use (or read from the probe store)."""
 
     def probe() -> bool:
         with torch.inference_mode():
             x = _probe_input(rows, weight, seed=rows)
-            with mkl_threads(threads):
+            with probes.cores.mkl_threads(threads):
                 fewer = F.linear(x, weight, bias)
             return torch.equal(fewer, F.linear(x, weight, bias))
 
-    return _FEWER_THREADS.get_or_probe((_kernel_key(weight, bias), rows, threads), probe)
+    return probes.fewer_threads.get_or_probe((_kernel_key(weight, bias), rows, threads), probe)
 
 
 def block_products(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
@@ -368,18 +393,18 @@ def block_products(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     return torch.bmm(x.expand(blocks.shape[0], *x.shape), blocks.transpose(1, 2))
 
 
-def batched_blocks_keep_bits(blocks: torch.Tensor, rows: int, threads: int | None) -> bool:
+def batched_blocks_keep_bits(probes: KernelProbes, blocks: torch.Tensor, rows: int, threads: int | None) -> bool:
     """Does `block_products` give each block of `rows` rows the bits of F.linear by that block, both on
     `threads` MKL threads (None: all)? Probed once per block kernel key, row count and thread count, on
     first use (or read from the probe store), on three of the blocks."""
 
     def probe() -> bool:
-        with torch.inference_mode(), mkl_threads(threads):
+        with torch.inference_mode(), probes.cores.mkl_threads(threads):
             x = _probe_input(rows, blocks[0], seed=rows)
             batched = block_products(x, blocks[:3])
             return all(torch.equal(batched[i], F.linear(x, blocks[i])) for i in range(batched.shape[0]))
 
-    return _BATCHED_BLOCKS.get_or_probe((_kernel_key(blocks[0], None), rows, threads), probe)
+    return probes.batched_blocks.get_or_probe((_kernel_key(blocks[0], None), rows, threads), probe)
 
 
 def _probe_input(rows: int, weight: torch.Tensor, seed: int) -> torch.Tensor:

@@ -9,27 +9,19 @@ under a lock, so that they convert it once between them rather than once each.
 
 import hashlib
 import logging
-import os
 import shutil
 import tempfile
-import threading
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from filelock import FileLock
 
+from adafuse.backend import shared_gguf_reader
 from adafuse.bundled import BUNDLES
-from adafuse.config import ModelConfig
+from adafuse.config import ModelConfig, default_cache_dir
 from adafuse.errors import ConfigError, ModelFileError
 
 log = logging.getLogger(__name__)
-
-
-def default_cache_dir() -> Path:
-    if "ADAFUSE_CACHE" in os.environ:
-        return Path(os.environ["ADAFUSE_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "adafuse"
 
 
 def sha256_of(paths: list[Path]) -> str:
@@ -121,37 +113,10 @@ def _joined(parts: list[Path], work: Path) -> Path:
     return joined
 
 
-_GGUF_SWAP = threading.Lock()
-
-
-@contextmanager
-def _gguf_read_once():
-    """transformers parses the GGUF afresh for the tokenizer, the config and the weights; parsing a 262k
-    vocabulary's metadata takes most of a conversion, so the three share one read-only reader. The swap is
-    module-wide, so conversions in one process take turns (threads converting two models would otherwise
-    restore each other's swap)."""
-    import gguf
-
-    with _GGUF_SWAP:
-        original, readers = gguf.GGUFReader, {}
-
-        def shared(path, mode="r"):
-            key = (os.fspath(path), mode)
-            if key not in readers:
-                readers[key] = original(path, mode)
-            return readers[key]
-
-        gguf.GGUFReader = shared
-        try:
-            yield
-        finally:
-            gguf.GGUFReader = original
-
-
 def _dequantise(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with _gguf_read_once():
+    with shared_gguf_reader():
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are dense after loading; without this save_pretrained refuses ("quantized with gguf").

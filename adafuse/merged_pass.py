@@ -1,5 +1,5 @@
 """The merged pass: one forward pass over the rows of several examples' requests to the same weights
-(adafuse/batching.py decides which requests meet; this module lays out and runs their pass).
+(adafuse/planner.py decides which requests meet; this module lays out and runs their pass).
 
 Position ids are each row's own, so every row sees exactly its own context. Exact (the default), the
 pass is one packed row of every request's real positions, and attention runs per request over the
@@ -21,11 +21,9 @@ from adafuse.invariance import (
     live_positions,
     packed_logits,
     packed_positions,
-    split_attention,
     split_cache,
     split_pass,
 )
-from adafuse.model import Member
 
 
 class ReservedLayer(DynamicLayer):
@@ -84,7 +82,7 @@ class Resident:
 
 @torch.inference_mode()
 def forward_together(
-    member: Member,
+    member,
     caches: list[DynamicCache],
     inputs: list[torch.Tensor],
     resident: Resident | None = None,
@@ -104,10 +102,10 @@ def forward_together(
     pass is one packed row of every request's real positions (`_split_pass`); the linear layers multiply
     them all at once, in row tiles that make each row's bits independent of the others; attention runs per
     request over the request's own cache, which grows as alone (no merged cache is built); a model whose
-    attention cannot be split is refused (`can_merge_exactly`). Otherwise inputs are right-padded to the
-    widest, the caches are left-padded to the longest and stacked, an attention mask hides the padding
-    (left padding shifts a row's keys and queries alike, so a sliding window keeps its true extent), and
-    results equal the alone pass's up to rounding; `may_stay` (every request is a model's committed
+    attention cannot be split is refused (adafuse/backend.py `Installed.splits_attention`). Otherwise inputs
+    are right-padded to the widest, the caches are left-padded to the longest and stacked, an attention mask
+    hides the padding (left padding shifts a row's keys and queries alike, so a sliding window keeps its true
+    extent), and results equal the alone pass's up to rounding; `may_stay` (every request is a model's committed
     context) lets that merged cache serve the next pass.
 
     `real[j]`: request j's real ids per row (None: all of its width). Only those positions are computed
@@ -125,7 +123,7 @@ def forward_together(
     last = [one for x, one in zip(inputs, last_only) for _ in range(x.shape[0])]
     stays = None
     if exact:
-        if not can_merge_exactly(member.model):  # idempotent: it prepares a model on its first merged pass
+        if not member.installed.splits_attention:
             raise ValueError(f"model {member.name!r}: its attention cannot be split per request; run its passes alone")
         logits = _split_pass(member, caches, inputs, lengths, live, last)
     else:
@@ -209,12 +207,6 @@ def _padded_pass(member, caches, inputs, lengths, live, last, resident, may_stay
                 own.keys, own.values = own.keys.clone(), own.values.clone()
     resident = Resident(list(caches), merged, [c.layers[0].keys for c in caches]) if stays else None
     return packed_logits(out.logits, live, width, last).float(), resident
-
-
-def can_merge_exactly(model) -> bool:
-    """Prepare a model for exact merged passes (adafuse/invariance.py); False if it cannot be. Its linear
-    layers need nothing: every member's multiply in row tiles in every pass (`tile_linear_layers`)."""
-    return split_attention(model)
 
 
 def _merge(caches: list[DynamicCache], longest: int, width: int) -> DynamicCache:

@@ -1,10 +1,11 @@
 """The method seam: a decoding method by name, and the one way every method is run.
 
-A method is a plain function written once per example, `decode(session, cfg)`, that fills the
-session's shared text (adafuse/session.py), with the dataclass of its knobs,
-`positions_needed(cfg, max_new_tokens)` (the context it may use after the prompt) and
+A method is a program written once per example, `decode(session, cfg)`, that fills the session's shared
+text (adafuse/session.py), yielding the forward passes it needs (adafuse/passes.py), with the dataclass of
+its knobs, `positions_needed(cfg, max_new_tokens)` (the context it may use after the prompt) and
 `members_used(cfg, k)` (which of the pair's k models it decodes with; the runner loads only those).
-`Method.generate(members, request, cfg)` builds the session from a `Request` and runs it.
+`Method.generate(members, request, cfg)` is the program that builds the session from a `Request`, starts
+it and runs the method: the engine (adafuse/engine.py) runs it, alone or beside other examples.
 
 Methods are found through the packaging entry-point group `adafuse.methods` (pyproject.toml), loaded
 on first lookup: the engine never imports the baselines (or any other package that adds a method).
@@ -13,9 +14,9 @@ on first lookup: the engine never imports the baselines (or any other package th
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from adafuse.passes import Program
 from adafuse.registry import Registry
 from adafuse.session import Request, Session
-from adafuse.trace import Generation
 
 
 def every_member(cfg, available: int) -> list[int]:
@@ -25,17 +26,19 @@ def every_member(cfg, available: int) -> list[int]:
 @dataclass(frozen=True)
 class Method:
     config: type  # the dataclass of its knobs (range-checked in __post_init__)
-    decode: Callable[[Session, object], None]
+    decode: Callable[[Session, object], Program]
     positions_needed: Callable[[object, int], int]
     members_used: Callable[[object, int], list[int]] = every_member
     raw_distribution: bool = False  # keep control tokens in the distribution (`single` equals generate())
 
-    def generate(self, members: list, request: Request, cfg) -> Generation:
-        """Decode one request with the members this method uses (indices into `members`)."""
+    def generate(self, members: list, request: Request, cfg) -> Program:
+        """The program that decodes one request with the members this method uses (indices into `members`);
+        it returns the Generation."""
         used = [members[i] for i in self.members_used(cfg, len(members))]
         reserve = self.positions_needed(cfg, request.max_new_tokens)
         session = Session(used, request, reserve=reserve, mask_control=not self.raw_distribution)
-        self.decode(session, cfg)
+        yield from session.start()
+        yield from self.decode(session, cfg)
         return session.finish()
 
 

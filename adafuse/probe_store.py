@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from adafuse.loading import default_cache_dir
+from adafuse.config import default_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -31,28 +31,61 @@ FORMAT = 1  # bump when a table's meaning changes: old files are then never read
 # Environment variables that pick kernels or their instruction sets (thread counts are in every probe's key)
 ENV_PREFIXES = ("MKL_", "DNNL_", "ONEDNN_", "ATEN_CPU_", "CUBLAS", "NVIDIA_TF32", "TORCH_BLAS", "TORCH_CUDNN")
 
-_LOCK = threading.Lock()
-_STATE: dict = {}  # "path": the store's file or None (off), "verdicts": {(table, key repr): verdict}
+
+class ProbeStore:
+    """The verdicts on disk for this process's environment (`store_path`), read on first use; a verdict this
+    process probes is appended. Owned by the backend that probes (adafuse/backend.py): one per process."""
+
+    def __init__(self, path: Path | None):
+        self.path = path  # None: the store is off
+        self._verdicts: dict | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_environment(cls) -> "ProbeStore":
+        """The store of this process's environment, as `ADAFUSE_PROBE_STORE` sets it (`store_path`)."""
+        return cls(store_path())
+
+    def verdicts(self) -> dict:
+        """{(table, key repr): verdict}, read once; {} when the store is off or holds none."""
+        with self._lock:
+            if self._verdicts is None:
+                self._verdicts = _read(self.path) if self.path is not None and self.path.exists() else {}
+            return self._verdicts
+
+    def record(self, table: str, key: tuple, verdict) -> None:
+        if self.path is None:
+            return
+        line = json.dumps({"table": table, "key": repr(key), "verdict": verdict}) + "\n"
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # one write of one short line in append mode: whole lines, whichever processes share the file
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line)
+        except OSError as err:
+            log.warning("kernel probe store %s cannot be written (%s): verdicts stay in this process", self.path, err)
+            self.path = None
 
 
 class Verdicts(dict):
-    """One table of probe verdicts: the process's own (a plain dict, which tests may set), backed by the store."""
+    """One table of probe verdicts: the process's own (a plain dict, which tests may set), backed by a store."""
 
-    def __init__(self, table: str):
+    def __init__(self, table: str, store: ProbeStore):
         super().__init__()
         self.table = table
+        self.store = store
 
     def get_or_probe(self, key: tuple, probe: Callable[[], object]):
         """The verdict for `key`: this process's, else the store's, else `probe()` (recorded in both)."""
         if key in self:
             return self[key]
-        stored = _stored().get((self.table, repr(key)))
+        stored = self.store.verdicts().get((self.table, repr(key)))
         if stored is not None:
             self[key] = stored
             return stored
         verdict = probe()
         self[key] = verdict
-        _record(self.table, key, verdict)
+        self.store.record(self.table, key, verdict)
         return verdict
 
 
@@ -105,15 +138,6 @@ def _cpu() -> str:
     return f"{fields.get('model name', '')} | {fields.get('flags', fields.get('Features', ''))}"
 
 
-def _stored() -> dict:
-    """The store's verdicts, read once per process; {} when it is off or holds none."""
-    with _LOCK:
-        if "verdicts" not in _STATE:
-            _STATE["path"] = path = store_path()
-            _STATE["verdicts"] = _read(path) if path is not None and path.exists() else {}
-        return _STATE["verdicts"]
-
-
 def _read(path: Path) -> dict:
     verdicts, conflicts, unreadable = {}, set(), 0
     with open(path, encoding="utf-8") as f:
@@ -133,18 +157,3 @@ def _read(path: Path) -> dict:
     if conflicts:
         log.warning("kernel probe store %s: %d keys hold two verdicts; they are probed again", path, len(conflicts))
     return {name: verdict for name, verdict in verdicts.items() if name not in conflicts}
-
-
-def _record(table: str, key: tuple, verdict) -> None:
-    path = _STATE.get("path")
-    if path is None:
-        return
-    line = json.dumps({"table": table, "key": repr(key), "verdict": verdict}) + "\n"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # one write of one short line in append mode: whole lines, whichever processes share the file
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(line)
-    except OSError as err:
-        log.warning("kernel probe store %s cannot be written (%s): verdicts stay in this process", path, err)
-        _STATE["path"] = None

@@ -34,8 +34,9 @@ import weakref
 
 import torch
 
-from adafuse import cores
+from adafuse.cores import Cores
 from adafuse.invariance import (
+    KernelProbes,
     batched_blocks_keep_bits,
     block_products,
     fewer_threads_keep_bits,
@@ -52,7 +53,7 @@ MIN_HIDDEN = 256
 HELPER_CHECK = 16  # blocks in a run: one call each, and a look for a free core between runs
 
 
-def block_output_projection(model) -> None:
+def block_output_projection(model, probes: KernelProbes) -> None:
     """Make the model's output embeddings multiply in blocks on the CPU (idempotent)."""
     head = model.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear) or head.weight.device.type != "cpu":
@@ -60,25 +61,26 @@ def block_output_projection(model) -> None:
     if head.weight.dtype != torch.float32 or head.in_features < MIN_HIDDEN:
         return
     if not getattr(head, "_adafuse_blocked", False):
-        head.forward = functools.partial(_blocked, head)
+        head.forward = functools.partial(_blocked, head, probes)
         head._adafuse_blocked = True
 
 
-def _blocked(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return only_live(x, head.weight.shape[0], lambda flat: _blocked_rows(head, flat), pack=True)
+def _blocked(head: torch.nn.Linear, probes: KernelProbes, x: torch.Tensor) -> torch.Tensor:
+    return only_live(x, head.weight.shape[0], lambda flat: _blocked_rows(head, probes, flat), pack=True)
 
 
-def _blocked_rows(head: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
+def _blocked_rows(head: torch.nn.Linear, probes: KernelProbes, flat: torch.Tensor) -> torch.Tensor:
     rows, (blocks, stacked, runs) = flat.shape[0], _blocks(head)
+    cores = probes.cores
     # block shape -> the rows padded to its tiles, whether one call keeps their bits, and whether one MKL
     # thread does: every block of a shape is one kernel (all but perhaps the last block share one), probed
     # once, not once per block
     padded: dict[torch.Size, tuple[torch.Tensor, bool, bool]] = {}
     for w, b in blocks:
         if w.shape not in padded:
-            x = pad_to_tiles(flat, w, b)
-            whole = one_call_is_tiled(w, b, x.shape[0])
-            one_thread = cores.can_share() and whole and fewer_threads_keep_bits(w, b, x.shape[0], 1)
+            x = pad_to_tiles(probes, flat, w, b)
+            whole = one_call_is_tiled(probes, w, b, x.shape[0])
+            one_thread = cores.can_share and whole and fewer_threads_keep_bits(probes, w, b, x.shape[0], 1)
             padded[w.shape] = x, whole, one_thread
     on_free_cores = all(one_thread for _, _, one_thread in padded.values())
     out = flat.new_empty(rows, head.weight.shape[0])
@@ -92,18 +94,18 @@ def _blocked_rows(head: torch.nn.Linear, flat: torch.Tensor) -> torch.Tensor:
         else one by one into their columns of `out`."""
         w, b = blocks[run.start]
         x, whole, _ = padded[w.shape]
-        threads = 1 if on_free_cores else linear_threads(w, b, x.shape[0])
+        threads = 1 if on_free_cores else linear_threads(probes, w, b, x.shape[0])
         batched = whole and stacked is not None and run.stop <= len(stacked)
-        if batched and batched_blocks_keep_bits(stacked, x.shape[0], threads):
+        if batched and batched_blocks_keep_bits(probes, stacked, x.shape[0], threads):
             with cores.mkl_threads(threads):
                 products[run.start] = block_products(x, stacked[run.start : run.stop])
             return
         for i in run:
-            block = (linear if whole else multiply_in_tiles)(x, *blocks[i])
+            block = (linear if whole else multiply_in_tiles)(probes, x, *blocks[i])
             out[:, i * BLOCK_ROWS : i * BLOCK_ROWS + w.shape[0]] = block[:rows]
 
     if on_free_cores:
-        _multiply_on_free_cores(runs, multiply)
+        _multiply_on_free_cores(cores, runs, multiply)
     else:
         for run in runs:
             multiply(run)
@@ -125,7 +127,7 @@ def _runs(blocks: list[tuple[torch.Tensor, torch.Tensor | None]]) -> list[range]
     return runs
 
 
-def _multiply_on_free_cores(runs: list[range], multiply) -> None:
+def _multiply_on_free_cores(cores: Cores, runs: list[range], multiply) -> None:
     """multiply(run) for each run, each once, in any order: on the calling thread, joined by a kept thread
     while the caller has a core to spare (its own share of the cores and a free one: when a model runs alone,
     or the other model of its turn has ended), each on one MKL thread. Runs are taken one at a time, so a

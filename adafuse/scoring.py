@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from adafuse.cache import common_prefix
+from adafuse.context import Context
 from adafuse.errors import ContextLengthError
 from adafuse.model import Member
 from adafuse.session import through_last_blank_line
@@ -33,7 +34,7 @@ POSITIONS_PER_PASS = 256
 
 
 @dataclass(frozen=True)
-class Score:
+class Likelihood:
     """One continuation's score: the ensemble's value and each member's."""
 
     logprob: float  # mean of the members' log-probabilities of the continuation's text
@@ -79,7 +80,7 @@ def score_ids(
             f"model {member.name!r}: a context of {len(context)} tokens and a continuation of {longest} "
             f"do not fit in the model's {member.max_positions} positions"
         )
-    after_context = torch.log_softmax(member.read_prompt(context, shared)[0, -1].float(), dim=-1)
+    after_context = torch.log_softmax(_read_context(member, context, shared)[0, -1].float(), dim=-1)
     totals = [after_context[c[0]].item() if c else 0.0 for c in continuations]
     greedy = [not c or int(after_context.argmax()) == c[0] for c in continuations]
     # Each row reads its continuation but the last id (whose successor nobody asks for), right-padded:
@@ -103,16 +104,25 @@ def score_ids(
     return list(zip(totals, greedy))
 
 
-def _combine(per_member: list[list[tuple[float, bool]]]) -> list[Score]:
+def _read_context(member: Member, ids: list[int], shared: int) -> torch.Tensor:
+    """Make `ids` the member's context, read as a prompt after its first `shared` ids (`Member.prompt_reading`):
+    the last position's logits. One context at a time, as lm_eval asks: no engine step to share."""
+    cache, tail, _ = member.prompt_reading(ids, shared)
+    logits = member.forward_alone(cache, tail, last_only=True)
+    member.context = Context(list(ids), Member.growing(cache))
+    return logits
+
+
+def _combine(per_member: list[list[tuple[float, bool]]]) -> list[Likelihood]:
     scores = []
     for values in zip(*per_member):
         logprobs = tuple(v[0] for v in values)
         flags = tuple(v[1] for v in values)
-        scores.append(Score(sum(logprobs) / len(logprobs), all(flags), logprobs, flags))
+        scores.append(Likelihood(sum(logprobs) / len(logprobs), all(flags), logprobs, flags))
     return scores
 
 
-def loglikelihood(members: list[Member], requests: Sequence[tuple[str, str]]) -> list[Score]:
+def loglikelihood(members: list[Member], requests: Sequence[tuple[str, str]]) -> list[Likelihood]:
     """The score of each (context, continuation), in input order; the continuations of one context share its KV."""
     by_context: dict[str, list[int]] = {}
     for i, (context, _) in enumerate(requests):
@@ -146,7 +156,7 @@ def rolling_windows(ids: list[int], prefix: int, width: int) -> list[tuple[list[
     return windows
 
 
-def loglikelihood_rolling(members: list[Member], texts: Sequence[str]) -> list[Score]:
+def loglikelihood_rolling(members: list[Member], texts: Sequence[str]) -> list[Likelihood]:
     """Each text's log-probability from its first character (after the BOS, or EOS, id), in windows of
     the member's context length; the text is encoded without special tokens."""
     per_member = []

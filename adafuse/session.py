@@ -7,16 +7,11 @@ A `Request` is what the runner and the Python API hand to a method (as lm-evalua
 """
 
 import copy
-import functools
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import torch
-
-from adafuse.cores import CoreShare, kept_threads, quick_gil_handoff
 from adafuse.model import Member
+from adafuse.passes import together
 from adafuse.stopping import check_budget, cut_at_stop, stop_strings
 from adafuse.trace import Generation, RoundTrace, Stats, Trace
 
@@ -54,53 +49,6 @@ def through_last_blank_line(text: str) -> str:
     return text[: text.rfind("\n\n") + 2] if "\n\n" in text else ""
 
 
-_ON_SIDE = threading.local()
-
-
-def side_by_side(tasks: list[Callable[[], object]]) -> list[object]:
-    """Run the tasks at once, the first on the calling thread and the others on threads kept for this, and
-    return their results in order; the first error, in task order, is raised once all have ended.
-
-    Unbatched, an example's members propose and score this way: each member's forward passes run while the
-    other's do, so one model's Python and memory reads overlap the other's multiplies (docs/speed.md). The
-    tasks touch only their own member's state, so the results are those of running them in turn. A task
-    that itself runs tasks side by side runs them in turn (no thread waits for a thread of the pool)."""
-    if len(tasks) < 2 or getattr(_ON_SIDE, "active", False):
-        return [task() for task in tasks]
-    threads, grad, inference = torch.get_num_threads(), torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-    share = CoreShare(len(tasks))
-
-    def on_side(task: Callable[[], object]) -> object:
-        # A kept thread holds the thread count it started with, and a kernel's bits may depend on it
-        # (attention); grad and inference modes are per thread: each task runs in the caller's.
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
-        _ON_SIDE.active = True
-        try:
-            with torch.inference_mode(inference), torch.set_grad_enabled(grad), share.joined():
-                return task()
-        finally:
-            _ON_SIDE.active = False
-
-    others = [kept_threads("member", 7).submit(on_side, task) for task in tasks[1:]]
-    results: list[object] = [None] * len(tasks)
-    errors: list[BaseException | None] = [None] * len(tasks)
-    with quick_gil_handoff():
-        try:
-            results[0] = on_side(tasks[0])
-        except BaseException as err:
-            errors[0] = err
-        for i, done in enumerate(others, start=1):
-            try:
-                results[i] = done.result()
-            except BaseException as err:
-                errors[i] = err
-    for err in errors:
-        if err is not None:
-            raise err
-    return results
-
-
 STOP_REASONS = ("stop", "eos", "length")  # a stop string, end-of-sequence, the token budget (Stats.stop_reason)
 
 
@@ -113,28 +61,29 @@ class Session:
     """
 
     def __init__(self, members: list[Member], request: Request, *, reserve: int, mask_control: bool = True):
-        """Start every member on the request's prompt. `reserve` is the context the method may use after
-        it; `mask_control=False` keeps control tokens in the distribution (`single`, spec §2)."""
+        """A session of `members` on the request; `start` reads its prompt. `reserve` is the context the
+        method may use after it; `mask_control=False` keeps control tokens in the distribution (`single`,
+        spec §2)."""
         self._started = time.perf_counter()
         self._members = members
         self._request = request
-        for m in members:
-            m.reset_counters()
-        self.concurrently(
-            [functools.partial(m.start, request.prompt, reserve, mask_control, request.prefix) for m in members]
-        )
+        self._reserve = reserve
+        self._mask_control = mask_control
         self._text = ""
         self._stats = Stats()
-        self._trace = Trace(prompt_ids=[list(m.ids) for m in members]) if request.trace else None
+        self._trace: Trace | None = None
         self._output_ids: list[list[int]] | None = None  # set by a method whose output ids are not all read
 
-    def concurrently(self, tasks: list[Callable[[], object]]) -> list[object]:
-        """Run one task per member (or any tasks over the members' own state) side by side and return their
-        results in order. In a batched run the members' forward passes are then asked for in the same turn
-        (adafuse/batching.py `Scheduler.concurrently`); unbatched, each runs on a thread of its own
-        (`side_by_side`). The results are those of running the tasks one after another."""
-        scheduler = next((m.scheduler for m in self._members if m.scheduler is not None), None)
-        return side_by_side(tasks) if scheduler is None else scheduler.concurrently(tasks)
+    def start(self):
+        """Start every member on the request's prompt, all in the same passes (a program)."""
+        request = self._request
+        for m in self._members:
+            m.reset_counters()
+        yield from together(
+            [m.start(request.prompt, self._reserve, self._mask_control, request.prefix) for m in self._members]
+        )
+        if request.trace:
+            self._trace = Trace(prompt_ids=[list(m.ids) for m in self._members])
 
     @property
     def members(self) -> list[Member]:

@@ -83,10 +83,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adafuse.cache import Rows, common_prefix
+from adafuse.cache import common_prefix
+from adafuse.context import Rows
 from adafuse.errors import ConfigError
 from adafuse.methods import Method
 from adafuse.model import Member
+from adafuse.passes import together
 from adafuse.session import Session
 from baselines.authors_rules import appended_text, loop_pred
 
@@ -152,7 +154,7 @@ def trim(m: Member, ids: list[int], target: str) -> list[int]:
         return ids
     best = None
     for i in range(1, len(ids) + 1):
-        text = _decode(m, ids[:i]).strip()
+        text = m.decode(ids[:i]).strip()
         if not text:
             continue
         if text == target or text.lower() == target.lower():
@@ -163,10 +165,6 @@ def trim(m: Member, ids: list[int], target: str) -> list[int]:
         if (text.startswith(target) or text.lower().startswith(target.lower())) and len(text) > len(target):
             return best if best is not None else ids[: max(i - 1, 1)]
     return best if best is not None else ids
-
-
-def _decode(m: Member, ids: list[int]) -> str:
-    return m.decode(ids)
 
 
 # ---- greedy rows ------------------------------------------------------------------------------------
@@ -220,50 +218,51 @@ class Greedy:
         """Rows after the member's committed context."""
         return cls(m.fork(len(heads)), _next_of(m.logprobs[None], width)[0], heads, head_lps, width)
 
-    def next_at(self, i: int, j: int) -> Next:
-        """Next after C + tokens[i][:j] (reads up to j; only the last of several ids read at once has one)."""
+    def next_at(self, i: int, j: int):
+        """Next after C + tokens[i][:j] (a program: reads up to j; only the last of several ids read at once
+        has one)."""
         if j > self.read:
-            step = self.rows.extend([t[self.read : j] for t in self.tokens])  # (rows, j - read, vocab)
+            step = yield from self.rows.extend([t[self.read : j] for t in self.tokens])  # (rows, j - read, vocab)
             for after, nxt in zip(self.after, _next_of(step[:, -1], self.width)):
                 after[j] = nxt
             self.read = j
         return self.after[i][j]
 
-    def grow(self, n: int) -> None:
-        """Every row holds at least n tokens."""
+    def grow(self, n: int):
+        """Every row holds at least n tokens (a program)."""
         while len(self.tokens[0]) < n:
             j = len(self.tokens[0])
             if self.frozen and j not in self.after[0]:
                 raise Uncovered
-            self.next_at(0, j)
+            yield from self.next_at(0, j)
             for tokens, lps, after in zip(self.tokens, self.lps, self.after):
                 tokens.append(after[j].argmax)
                 lps.append(after[j].top[0][1])  # the argmax's log p: the maximum
 
-    def call(self, i: int, start: int, new: int) -> int:
-        """Their greedy `generate(max_new_tokens=new)` on C + tokens[i][:start]: the end of what it returns.
-        It stops after a generated eos id; one in its input stops nothing."""
+    def call(self, i: int, start: int, new: int):
+        """Their greedy `generate(max_new_tokens=new)` on C + tokens[i][:start] (a program): the end of what it
+        returns. It stops after a generated eos id; one in its input stops nothing."""
         end = start
         while end < start + new:
-            self.grow(end + 1)
+            yield from self.grow(end + 1)
             end += 1
             if self.tokens[i][end - 1] in self.m.eos_ids:
                 break
         return end
 
-    def extended(self, i: int, start: int, end: int, chunks: int) -> tuple[int, str]:
-        """Their extension (L217-243): when the decode of tokens[i][start:end] has fewer than `chunks`
-        chunks and no marker, 5 more tokens; returns the end and the decode."""
-        text = _decode(self.m, self.tokens[i][start:end])
+    def extended(self, i: int, start: int, end: int, chunks: int):
+        """Their extension (L217-243), a program: when the decode of tokens[i][start:end] has fewer than
+        `chunks` chunks and no marker, 5 more tokens; returns the end and the decode."""
+        text = self.m.decode(self.tokens[i][start:end])
         if len(text.split()) < chunks and not has_marker(text):
-            end = self.call(i, end, EXTENSION)
-            text = _decode(self.m, self.tokens[i][start:end])
+            end = yield from self.call(i, end, EXTENSION)
+            text = self.m.decode(self.tokens[i][start:end])
         return end, text
 
-    def span(self, text: str, i: int, end: int, before: "Span | None" = None) -> "Span":
+    def span(self, text: str, i: int, end: int, before: "CodeSpan | None" = None) -> "CodeSpan":
         """A candidate: `text`, with tokens[i][:end] (after the ids and log-probs of `before`, if given)."""
         ids, lps = self.tokens[i][:end], self.lps[i][:end]
-        return Span(text, before.ids + ids, before.lps + lps) if before else Span(text, ids, lps)
+        return CodeSpan(text, before.ids + ids, before.lps + lps) if before else CodeSpan(text, ids, lps)
 
     def cut(self, i: int, j: int) -> bool:
         """Cut row i's cache after C + tokens[i][:j] (this object is then done growing); False where that
@@ -274,10 +273,10 @@ class Greedy:
         self.read = j
         return True
 
-    def branch(self, j: int, width: int) -> tuple["Greedy", int]:
+    def branch(self, j: int, width: int):
         """Rows after C + tokens[0][:j], one per token of their beam call there, and where their own
-        tokens start: 0 when they share this row's KV (this row is cut at j), else j (read again)."""
-        beams = self.next_at(0, j).top[:width]
+        tokens start: 0 when they share this row's KV (this row is cut at j), else j (read again). A program."""
+        beams = (yield from self.next_at(0, j)).top[:width]
         if self.cut(0, j):
             heads, lps = [[b] for b, _ in beams], [[lp] for _, lp in beams]
             return Greedy(self.rows.fork(0, len(beams)), self.after[0][j], heads, lps, width), 0
@@ -293,7 +292,7 @@ class Greedy:
         return child
 
 
-def continue_from(m: Member, rows: list[Greedy], ids: list[int], text: str) -> Greedy | None:
+def continue_from(m: Member, rows: list[Greedy], ids: list[int], shared: str, text: str) -> Greedy | None:
     """If `ids`, the re-encoded prompt + G, continue a row of this round (its context, then its first n
     tokens, with the distribution after them), make them the member's context without reading anything
     and return the row's continuation, the start of the next round's greedy row; else None."""
@@ -305,7 +304,7 @@ def continue_from(m: Member, rows: list[Greedy], ids: list[int], text: str) -> G
             if tokens[:n] == ids[len(g.context) :] and n in g.after[i] and g.base <= n <= g.read:
                 after = g.continuation(i, n)
                 g.cut(i, n)
-                m.commit(g.rows, i, text)
+                m.commit(g.rows, i, shared, text)
                 m.check_invariant()
                 return after
     return None
@@ -315,7 +314,7 @@ def continue_from(m: Member, rows: list[Greedy], ids: list[int], text: str) -> G
 
 
 @dataclass
-class Span:
+class CodeSpan:
     text: str
     ids: list[int]
     lps: list[float]  # log p of each id in context, as the row that generated it read it
@@ -323,15 +322,15 @@ class Span:
 
 def propose(m: Member, cfg: AdaFuseCodeConfig, row: Greedy | None = None):
     """`generate_candidate_spans` for the member's context P: its candidates, the margins it tested, and
-    its greedy rows. `row`, if given, is the greedy row after P that the last round already started."""
+    its greedy rows (a program). `row`, if given, is the greedy row after P that the last round already started."""
     row = row or Greedy.of(m, [[]], [[]], cfg.branches)
-    first = row.next_at(0, 0)  # their 1-token call on P
+    first = yield from row.next_at(0, 0)  # their 1-token call on P
     margins = [first.margin]
     if cfg.branches > 1 and first.margin < cfg.tau:
-        return *_branch_first_word(m, cfg, first, row), margins
+        return *(yield from _branch_first_word(m, cfg, first, row)), margins
     # the first word: t1, their 6-token call, the extension
-    row.grow(1)
-    end, raw = row.extended(0, 0, row.call(0, 1, FIRST_CALL), 2)
+    yield from row.grow(1)
+    end, raw = yield from row.extended(0, 0, (yield from row.call(0, 1, FIRST_CALL)), 2)
     w1 = first_word(raw, cfg.span_length)
     w1_ids = trim(m, row.tokens[0][:end], w1)
     whole_first = row.span(w1, 0, end)  # path B falls back to the untrimmed ids (L572-574, L717-719)
@@ -339,12 +338,13 @@ def propose(m: Member, cfg: AdaFuseCodeConfig, row: Greedy | None = None):
         return ([row.span(w1, 0, len(w1_ids))] if acceptable(w1) else []), [row], margins
     # the second word: t2 from P + w1_ids (their 1-token call), then their 5/6-token call and extension
     j = len(w1_ids)
-    second = row.next_at(0, j)
+    second = yield from row.next_at(0, j)
     margins.append(second.margin)
     stable = second.margin >= cfg.tau
-    row.grow(j + 1)
+    yield from row.grow(j + 1)
     if cfg.branches == 1:  # path A (L284-407): 5 tokens and three chunks wanted when stable, else 6 and two
-        end, raw = row.extended(0, j, row.call(0, j + 1, 5 if stable else 6), 3 if stable else 2)
+        called = yield from row.call(0, j + 1, 5 if stable else 6)
+        end, raw = yield from row.extended(0, j, called, 3 if stable else 2)
         words = raw.split()
         if not words:
             return ([row.span(w1, 0, j)] if acceptable(w1) else []), [row], margins
@@ -352,39 +352,41 @@ def propose(m: Member, cfg: AdaFuseCodeConfig, row: Greedy | None = None):
         trimmed = row.span(text, 0, len(trim(m, row.tokens[0][:end], text)))
         return ([trimmed] if acceptable(text) else []), [row], margins
     # path B (L534-719): 6 tokens, two chunks wanted
-    end, raw = row.extended(0, j, row.call(0, j + 1, FIRST_CALL), 2)
+    end, raw = yield from row.extended(0, j, (yield from row.call(0, j + 1, FIRST_CALL)), 2)
     words = raw.split()
     if not words:
         return ([whole_first] if acceptable(w1) else []), [row], margins
     text = w1 + " " + words[0]
     if not stable:  # no branching at an uncertain second word; the ids are not trimmed
         return ([row.span(text, 0, end)] if acceptable(text) else []), [row], margins
-    return *_branch_third_word(m, cfg, row, text, len(trim(m, row.tokens[0][:end], text))), margins
+    return *(yield from _branch_third_word(m, cfg, row, text, len(trim(m, row.tokens[0][:end], text)))), margins
 
 
 def _branch_first_word(m: Member, cfg: AdaFuseCodeConfig, first: Next, row: Greedy):
     """Path B at an uncertain first token (L721-809): the B beam tokens, each completed into a first
     word slot; the ids are all the tokens generated (7 to 12), untrimmed. The first beam token is the
     greedy one: where `row`, the greedy row after P that the last round started, already holds its
-    whole slot, that slot costs nothing."""
+    whole slot, that slot costs nothing. A program."""
     beams = first.top[: cfg.branches]
     held = None
     if row.tokens[0][:1] == [beams[0][0]]:
         row.frozen = True
         try:
-            held = _slot(row, 0, cfg.span_length)
+            held = yield from _slot(row, 0, cfg.span_length)
         except Uncovered:
             pass
         row.frozen = False
     fresh = beams[1:] if held else beams
     rows = Greedy.of(m, [[b] for b, _ in fresh], [[lp] for _, lp in fresh], cfg.branches) if fresh else None
-    slots = ([held] if held else []) + [_slot(rows, i, cfg.span_length) for i in range(len(fresh))]
+    slots = [held] if held else []
+    for i in range(len(fresh)):
+        slots.append((yield from _slot(rows, i, cfg.span_length)))
     return [span for span in slots if span], [g for g in (row, rows) if g]
 
 
-def _slot(rows: Greedy, i: int, span_length: int) -> Span | None:
-    """Row i's first word slot: its first token, their 6-token call and extension, the word rule."""
-    end, raw = rows.extended(i, 0, rows.call(i, 1, FIRST_CALL), 2)
+def _slot(rows: Greedy, i: int, span_length: int) -> CodeSpan | None:
+    """Row i's first word slot: its first token, their 6-token call and extension, the word rule (a program)."""
+    end, raw = yield from rows.extended(i, 0, (yield from rows.call(i, 1, FIRST_CALL)), 2)
     text = first_word(raw, span_length)
     return rows.span(text, i, end) if raw.split() and acceptable(text) else None
 
@@ -392,13 +394,13 @@ def _slot(rows: Greedy, i: int, span_length: int) -> Span | None:
 def _branch_third_word(m: Member, cfg: AdaFuseCodeConfig, row: Greedy, words12: str, h: int):
     """Path B after two stable tokens (L617-716): the B beam tokens after the two words' trimmed ids
     (their first h tokens), each completed into a third word; no third margin is tested, the ids are
-    not trimmed."""
+    not trimmed. A program."""
     ids12 = row.span(words12, 0, h)
-    rows, start = row.branch(h, cfg.branches)  # their one-step beam call on P + ids12
+    rows, start = yield from row.branch(h, cfg.branches)  # their one-step beam call on P + ids12
     before = None if start else ids12  # rows that read the two words again hold their ids themselves
     spans = []
     for i in range(len(rows.tokens)):
-        end, raw = rows.extended(i, start, rows.call(i, start + 1, FIRST_CALL), 2)
+        end, raw = yield from rows.extended(i, start, (yield from rows.call(i, start + 1, FIRST_CALL)), 2)
         words = raw.split()
         text = words12 + " " + words[0] if words else ""
         if words and acceptable(text):
@@ -420,9 +422,9 @@ class Entry:
     fused: float | None  # the mean of the scores that are not None; None: skipped
 
 
-def build_pool(proposals: list[list[Span]]) -> tuple[list[Entry], dict[str, list[Span | None]]]:
+def build_code_pool(proposals: list[list[CodeSpan]]) -> tuple[list[Entry], dict[str, list[CodeSpan | None]]]:
     """The pool keyed by text in model order; a model's later span with the same text overwrites its ids."""
-    own: dict[str, list[Span | None]] = {}
+    own: dict[str, list[CodeSpan | None]] = {}
     for k, spans in enumerate(proposals):
         for span in spans:
             own.setdefault(span.text, [None] * len(proposals))[k] = span
@@ -430,15 +432,15 @@ def build_pool(proposals: list[list[Span]]) -> tuple[list[Entry], dict[str, list
     return entries, own
 
 
-def score_pool(m: Member, k: int, pool: list[Entry], own: dict[str, list[Span | None]]) -> None:
+def score_code_pool(m: Member, k: int, pool: list[Entry], own: dict[str, list[CodeSpan | None]]):
     """Model k's score of every entry (compute_span_perplexity, L814-837): the mean NLL of its own ids,
-    or of the text encoded alone with no special tokens; the latter read in one batched pass."""
+    or of the text encoded alone with no special tokens; the latter read in one batched pass (a program)."""
     foreign = [e for e in pool if own[e.text][k] is None]
     encoded = {e.text: m.encode(e.text, add_special_tokens=False) for e in foreign}
     read = [e.text for e in foreign if encoded[e.text]]
     lps: dict[str, list[float]] = {}
     if read:
-        step = m.fork(len(read)).extend([encoded[t] for t in read])  # (rows, longest, vocab)
+        step = yield from m.fork(len(read)).extend([encoded[t] for t in read])  # (rows, longest, vocab)
         for r, text in enumerate(read):
             ids = encoded[text]
             later = step[r, : len(ids) - 1].gather(-1, torch.tensor(ids[1:], device=step.device)[:, None])
@@ -462,7 +464,7 @@ def fuse(pool: list[Entry]) -> None:
 
 
 @dataclass
-class Proposal:
+class CodeProposal:
     """One model's proposals in one round, as `trace=true` records them."""
 
     margins: list[float]  # Δ at each test: the first token's, then the second's where their code tests it
@@ -474,7 +476,7 @@ class CodeRound:
     """One round of their loop, as their span trace and log record it."""
 
     round_idx: int
-    proposals: list[Proposal]  # per model
+    proposals: list[CodeProposal]  # per model
     pool: list[Entry]  # pool order
     selected: str | None  # None: no entry had a score (their loop breaks)
     appended: str  # what the text grew by
@@ -509,8 +511,9 @@ def positions_needed(cfg: AdaFuseCodeConfig, max_new_tokens: int) -> int:
     return max_new_tokens + FOREIGN_PER_TOKEN * ROUND_TOKENS
 
 
-def decode(s: Session, cfg: AdaFuseCodeConfig) -> None:
-    """Their loop (L957-1121) over the session's members: at most `max_rounds` rounds."""
+def decode(s: Session, cfg: AdaFuseCodeConfig):
+    """Their loop (L957-1121) over the session's members: at most `max_rounds` rounds (a program, every member's
+    passes in the same engine steps)."""
     members_used(cfg, len(s.members))
     if any(m.chat_template for m in s.members):
         raise ConfigError("adafuse_code: their scripts tokenise the plain prompt; set chat_template: false")
@@ -519,10 +522,10 @@ def decode(s: Session, cfg: AdaFuseCodeConfig) -> None:
     eos_strings = [m.eos_token for m in s.members if m.eos_token]
     why, seeds = "", [None] * len(s.members)
     for round_idx in range(cfg.max_rounds):
-        spans, rows, margins = zip(*(propose(m, cfg, seed) for m, seed in zip(s.members, seeds)))
-        pool, own = build_pool(list(spans))
-        for k, m in enumerate(s.members):
-            score_pool(m, k, pool, own)
+        proposed = yield from together([propose(m, cfg, seed) for m, seed in zip(s.members, seeds)])
+        spans, rows, margins = zip(*proposed)
+        pool, own = build_code_pool(list(spans))
+        yield from together([score_code_pool(m, k, pool, own) for k, m in enumerate(s.members)])
         fuse(pool)
         scored = [e for e in pool if e.fused is not None]
         best = min(scored, key=lambda e: e.fused) if scored else None  # ties: the earliest entry
@@ -536,30 +539,31 @@ def decode(s: Session, cfg: AdaFuseCodeConfig) -> None:
             if any(len(i) - common_prefix(i, p) >= s.max_new_tokens for i, p in zip(ids, prompt_ids)):
                 stop = "length"
         if s.tracing:
-            props = [Proposal(d, [(sp.text, sp.ids) for sp in sps]) for sps, d in zip(spans, margins)]
+            props = [CodeProposal(d, [(sp.text, sp.ids) for sp in sps]) for sps, d in zip(spans, margins)]
             s.log(CodeRound(round_idx, props, pool, best.text if best else None, new, stop))
         if stop is not None:
             why = stop
             break
         # every model's context becomes the re-encoded prompt + G: a row of this round that holds it
         # already, or else the ids after what the new encoding shares with the context, read
-        seeds = [continue_from(m, g, i, new) for m, g, i in zip(s.members, rows, ids)]
-        for m, seed, m_ids in zip(s.members, seeds, ids):
-            if seed is None:
-                _read_prefix(m, m_ids, new)
+        before = s.text[: len(s.text) - len(new)]
+        seeds = [continue_from(m, g, i, before, new) for m, g, i in zip(s.members, rows, ids)]
+        yield from together(
+            [_read_prefix(m, m_ids, before, new) for m, seed, m_ids in zip(s.members, seeds, ids) if seed is None]
+        )
     s.end(STOP_REASONS[why])
     s.note(authors_pred=loop_pred(prompt, s.text), authors_stop=why)
     outputs = [m.encode(prompt + s.text) for m in s.members]
     s.set_output_ids([i[common_prefix(i, p) :] for i, p in zip(outputs, prompt_ids)])
 
 
-def _read_prefix(m: Member, ids: list[int], text: str) -> None:
-    """Make `ids`, the re-encoded prompt + G, m's context: only the ids after the longest prefix they
-    share with it are read (one fork row, which a batched run merges with other examples' passes)."""
+def _read_prefix(m: Member, ids: list[int], shared: str, text: str):
+    """Make `ids`, the re-encoded prompt + G, m's context (a program): only the ids after the longest prefix
+    they share with it are read (one fork row, which a batched run merges with other examples' passes)."""
     keep = min(common_prefix(m.ids, ids), len(ids) - 1)
     rows = m.fork(1, upto=keep)
-    rows.extend([ids[keep:]])
-    m.commit(rows, 0, text)
+    yield from rows.extend([ids[keep:]])
+    m.commit(rows, 0, shared, text)
     m.check_invariant()
 
 

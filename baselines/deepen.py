@@ -52,6 +52,7 @@ import torch
 
 from adafuse.errors import ConfigError
 from adafuse.methods import Method
+from adafuse.passes import together
 from adafuse.session import Session
 from adafuse.tokens import SENTENCEPIECE
 from adafuse.words import CHAR_SLACK, ends_inside_char
@@ -168,8 +169,8 @@ def inverse_map(
     return int(top.indices[int(final.argmax())]), losses
 
 
-def decode(s: Session, cfg: DeepenConfig) -> None:
-    """DeePEn over the session's members; `cfg.main` picks the member whose ids are the output."""
+def decode(s: Session, cfg: DeepenConfig):
+    """DeePEn over the session's members; `cfg.main` picks the member whose ids are the output (a program)."""
     members = s.members
     index = main_index(cfg.main, members)
     weights = member_weights("deepen", cfg.weights, len(members))
@@ -192,9 +193,8 @@ def decode(s: Session, cfg: DeepenConfig) -> None:
         if token in main.eos_ids:
             s.add("", eos=True)
             break
-        text = _advance_main(main, token)
-        for m in others:
-            m.append_text(text)
+        text = yield from _advance_main(main, token, s.text)
+        yield from together([m.append_text(s.text, text) for m in others])
         if s.add(text):
             break
 
@@ -212,22 +212,23 @@ def main_index(main, members) -> int:
     return main
 
 
-def _advance_main(main, token: int) -> str:
-    """Read `token` into the main member and return the text it adds; a token that ends inside a
-    multi-byte character is completed first with the member's own argmax tokens (module docstring)."""
+def _advance_main(main, token: int, shared: str):
+    """Read `token` into the main member and return the text it adds after the shared text (a program); a
+    token that ends inside a multi-byte character is completed first with the member's own argmax tokens
+    (module docstring)."""
     text = main.text_of([token])
     if not ends_inside_char(text):
-        main.append_ids([token], text)
+        yield from main.append_ids([token], shared, text)
         return text
     rows = main.fork(1)
     ids = [token]
-    rows.extend([[token]])
+    yield from rows.extend([[token]])
     while ends_inside_char(text) and len(ids) < CHAR_SLACK:
         nxt = main.tokens.choose(rows.last[0], main.tokens.pending(ids))  # a token that continues the character
-        rows.extend([[nxt]])
+        yield from rows.extend([[nxt]])
         ids.append(nxt)
         text = main.text_of(ids)
-    main.commit(rows, 0, text)
+    main.commit(rows, 0, shared, text)
     return text
 
 

@@ -46,8 +46,8 @@ from filelock import FileLock
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from adafuse.config import default_cache_dir
 from adafuse.errors import ConfigError
-from adafuse.loading import default_cache_dir
 from baselines.vocab import Vocabulary, common_texts, vocabulary_of
 
 log = logging.getLogger(__name__)

@@ -27,9 +27,11 @@ from dataclasses import dataclass, field
 
 from adafuse import greedy
 from adafuse.config import SingleConfig
+from adafuse.context import Context
 from adafuse.errors import NumericsError, UnknownNameError
 from adafuse.methods import Method
 from adafuse.model import Member
+from adafuse.passes import together
 from adafuse.session import Session
 from adafuse.trace import Score
 from baselines.pairrm import check_pairrm_path, pairrm
@@ -70,23 +72,21 @@ def positions_needed(cfg: LLMBlenderConfig, max_new_tokens: int) -> int:
     return 2 * max_new_tokens if cfg.ranker == "nll" else max_new_tokens
 
 
-def decode(s: Session, cfg: LLMBlenderConfig) -> None:
-    """Every member's greedy answer, and the one the ranker picks."""
+def decode(s: Session, cfg: LLMBlenderConfig):
+    """Every member's greedy answer, and the one the ranker picks (a program)."""
     members, prompt = s.members, s.request.prompt
+    after_prompt = [m.context.snapshot() for m in members]  # where ranker=nll scores the answers
     # Each answer is exactly method=single's output: the seam started every member on the raw
-    # distribution (`raw_distribution`), and each decodes alone from there.
-    answers = []
-    for k in range(len(members)):
-        alone = s.solo(k)
-        greedy.decode(alone, SingleConfig(0))
-        answers.append(alone.finish())
+    # distribution (`raw_distribution`), and each decodes alone from there, all in the same engine steps.
+    solos = [s.solo(k) for k in range(len(members))]
+    yield from together([greedy.decode(alone, SingleConfig(0)) for alone in solos])
+    answers = [alone.finish() for alone in solos]
     texts = [a.text for a in answers]
     candidates = list(dict.fromkeys(texts))  # distinct, in member order
     ranking = Ranking(cfg.ranker, texts, candidates, [0.0] * len(candidates), 0)
     if len(candidates) > 1:
         if cfg.ranker == "nll":
-            reserve = positions_needed(cfg, s.max_new_tokens)
-            ranking.scores, ranking.nll = rank_by_nll(members, prompt, candidates, reserve, s.request.prefix)
+            ranking.scores, ranking.nll = yield from rank_by_nll(members, after_prompt, candidates)
             best = min(range(len(candidates)), key=ranking.scores.__getitem__)  # ties: the lower member
         else:
             ranker = pairrm(cfg.pairrm_path, members[0].device)
@@ -102,24 +102,25 @@ def decode(s: Session, cfg: LLMBlenderConfig) -> None:
     s.log(ranking)  # the trace's prompt ids are the answers' own: each member started once, on the prompt
 
 
-def rank_by_nll(
-    members: list[Member], prompt: str, candidates: list[str], reserve: int, prefix: str = ""
-) -> tuple[list[float], list[list[Score]]]:
-    """Each candidate's mean over members of its mean token NLL given the prompt (an empty answer: inf).
+def rank_by_nll(members: list[Member], after_prompt: list[Context], candidates: list[str]):
+    """Each candidate's mean over members of its mean token NLL given the prompt (an empty answer: inf), and
+    each member's Scores (a program: every member's read in the same engine step).
 
-    Each member reads the prompt again (after its shared `prefix`, as at its start, so with the same
-    numbers; control tokens masked as for every score, spec §2) and reads all candidates as its tokenizer
+    Each member goes back to its context after the prompt (`after_prompt`, its snapshots, its distribution
+    there with control tokens masked as for every score, spec §2) and reads all candidates as its tokenizer
     encodes them after the prompt, in one batched pass (`Member.align`, `Member.read`): its own answer
     too, so every answer is scored on its text alone, whatever ids produced it and however it ended (eos,
     stop string, budget).
     """
     readable = [i for i, text in enumerate(candidates) if text]
-    per_member: list[list[Score]] = []
-    for m in members:
-        scores = [Score(0, [], False, math.inf) for _ in candidates]
-        if len(readable) > 1:  # a lone non-empty answer wins without reading
-            m.start(prompt, reserve=reserve, prefix=prefix)
-            for i, reading in zip(readable, m.read([m.align(candidates[i]) for i in readable])):
+    per_member: list[list[Score]] = [[Score(0, [], False, math.inf) for _ in candidates] for _ in members]
+    if len(readable) > 1:  # a lone non-empty answer wins without reading
+        for m, snapshot in zip(members, after_prompt):
+            m.back_to_prompt(snapshot, mask_control=True)
+        readings = yield from together([m.read([m.align("", candidates[i]) for i in readable]) for m in members])
+    for k, (m, scores) in enumerate(zip(members, per_member)):
+        if len(readable) > 1:
+            for i, reading in zip(readable, readings[k]):
                 a = reading.alignment
                 if not reading.logprobs:
                     raise AssertionError(f"model {m.name!r} has no tokens to score for answer {candidates[i]!r}")
@@ -129,7 +130,6 @@ def rank_by_nll(
                 scores[i] = Score(a.base, a.ids, False, nll, skip=a.skip)
         elif readable:
             scores[readable[0]].nll = 0.0
-        per_member.append(scores)
     fused = [sum(s[i].nll for s in per_member) / len(members) for i in range(len(candidates))]
     return fused, per_member
 

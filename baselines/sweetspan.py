@@ -52,17 +52,11 @@ Choices where the notes leave one open or where the upstream description is wron
 import math
 from dataclasses import dataclass
 
-from adafuse.decode import (
-    Proposal,
-    build_pool,
-    choose_winner,
-    commit_winner,
-    complete_words,
-    score_candidates,
-)
+from adafuse.completion import complete_words
 from adafuse.errors import ConfigError, UnknownNameError
 from adafuse.methods import Method
-from adafuse.model import Member
+from adafuse.passes import together
+from adafuse.pool import Proposal, build_pool, choose_winner, commit, score_pool
 from adafuse.session import Session
 from adafuse.stopping import cut_at_stop
 from adafuse.trace import Score
@@ -154,13 +148,14 @@ def positions_needed(cfg: SweetSpanConfig, max_new_tokens: int) -> int:
     return max_new_tokens + cfg.span_words * (cfg.max_word_tokens + CHAR_SLACK)
 
 
-def decode(s: Session, cfg: SweetSpanConfig) -> None:
-    """Decode the session's request with its members (K >= 1), one span per round."""
+def decode(s: Session, cfg: SweetSpanConfig):
+    """Decode the session's request with its members (K >= 1), one span per round (a program: every
+    member's proposal and scores in the same engine steps)."""
     while not s.done:
         round_idx = s.rounds
-        pool = build_pool([[propose_span(m, cfg, s.text, s.stop)] for m in s.members])
-        for k, m in enumerate(s.members):
-            score_candidates(m, k, pool, round_idx)
+        spans = yield from together([propose_span(m, cfg, s.text, s.stop) for m in s.members])
+        pool = build_pool([[span] for span in spans])
+        yield from score_pool(s.members, s.text, pool, round_idx)
         fused, kept = fused_scores([[score.nll for score in c.scores] for c in pool], cfg)
         winner = choose_winner(fused)
         if s.tracing:
@@ -169,11 +164,12 @@ def decode(s: Session, cfg: SweetSpanConfig) -> None:
                 for c, keep, f in zip(pool, kept, fused)
             ]
             s.log(SpanRound(round_idx, spans, winner))
-        commit_winner(s.members, s, pool[winner])
+        commit(s, pool[winner])
 
 
-def propose_span(m: Member, cfg: SweetSpanConfig, shared: str, stop: tuple[str, ...]) -> Proposal:
-    """Member m's span: up to `span_words` greedy words after the shared text `shared` (spec §2's word rule).
+def propose_span(m, cfg: SweetSpanConfig, shared: str, stop: tuple[str, ...]):
+    """Member m's span, a Proposal (a program): up to `span_words` greedy words after the shared text `shared`
+    (spec §2's word rule).
 
     The span ends early at end-of-sequence, at a word cut at the token cap, or as soon as `shared` +
     span holds a stop string (nothing after it could be output): at the word that completes it, or,
@@ -185,7 +181,7 @@ def propose_span(m: Member, cfg: SweetSpanConfig, shared: str, stop: tuple[str, 
         first = m.tokens.choose(logprobs)
         context = m.ids + [i for w in words for i in w.ids]
         stops = first not in m.eos_ids and cut_at_stop(shared, text + m.text_of([first], context), stop)[1]
-        (word,) = complete_words(m, rows, [first], logprobs, words, 1 if stops else cfg.max_word_tokens)
+        (word,) = yield from complete_words(m, rows, [first], logprobs, words, 1 if stops else cfg.max_word_tokens)
         words.append(word)
         text += word.text
         if word.eos or word.cut or stops or cut_at_stop(shared, text, stop)[1]:

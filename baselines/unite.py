@@ -39,6 +39,7 @@ import torch
 
 from adafuse.errors import ConfigError
 from adafuse.methods import Method
+from adafuse.passes import together
 from adafuse.session import Session
 from baselines.vocab import Vocabulary, check_weights, member_weights, vocabulary_of
 
@@ -136,8 +137,9 @@ def fuse(members, vocabs, weights, k: int, memos) -> tuple[Step, list[dict]]:
     return Step(union, values, fused, winner), tops
 
 
-def decode(s: Session, cfg: UniteConfig) -> None:
-    """UniTE over the session's members (K >= 1; K = 1 is that member's greedy decoding over eligible tokens)."""
+def decode(s: Session, cfg: UniteConfig):
+    """UniTE over the session's members (K >= 1; K = 1 is that member's greedy decoding over eligible tokens):
+    a program, every member's read of the winner in the same engine step."""
     members = s.members
     weights = member_weights("unite", cfg.weights, len(members))
     vocabs = [vocabulary_of(m) for m in members]
@@ -149,11 +151,11 @@ def decode(s: Session, cfg: UniteConfig) -> None:
         if entry is EOS:
             s.add("", eos=True)
             break
-        for m, top in zip(members, tops):
-            if entry in top:
-                m.append_ids([top[entry]], entry)
-            else:
-                m.append_text(entry)
+        reads = [
+            m.append_ids([top[entry]], s.text, entry) if entry in top else m.append_text(s.text, entry)
+            for m, top in zip(members, tops)
+        ]
+        yield from together(reads)
         if s.add(entry):
             break
 

@@ -7,6 +7,7 @@ import pytest
 from adafuse import AdaFuseConfig, Generation, Request
 from adafuse.decode import decode as adafuse_decode
 from adafuse.decode import positions_needed
+from adafuse.engine import drive
 from adafuse.session import Session
 from oracles import reference
 from tools.testing import decode
@@ -55,5 +56,10 @@ def exercised(gen) -> tuple[int, int, int]:
 def decode_in_full(members, request: Request, cfg: AdaFuseConfig) -> Generation:
     """AdaFuse with every round completed and scored, even one whose outcome is settled early."""
     session = Session(members, request, reserve=positions_needed(cfg, request.max_new_tokens))
-    adafuse_decode(session, cfg, early_finish=False)
+
+    def in_full():
+        yield from session.start()
+        yield from adafuse_decode(session, cfg, early_finish=False)
+
+    drive(in_full())
     return session.finish()

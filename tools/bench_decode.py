@@ -63,8 +63,10 @@ import torch
 import torch.nn.functional as F
 
 from adafuse import AdaFuseConfig, Ensemble
-from adafuse.batching import Scheduler, decode_many
+from adafuse.backend import backend_for
+from adafuse.engine import decode_many, drive
 from adafuse.ensemble import resolve_method
+from adafuse.executor import Executor
 from adafuse.invariance import pad_to_tiles
 from adafuse.methods import METHODS
 from adafuse.projection import BLOCK_ROWS
@@ -205,10 +207,10 @@ def compare_with_reference(ens: Ensemble, data_dir: Path, count: int, budget: in
     prompts = [shared + f"Question: {q}\nLet's think step by step\n" for q in questions]
     cfg, fast_s, slow_s, identical, lengths = AdaFuseConfig(), 0.0, 0.0, 0, []
     adafuse = METHODS["adafuse"]
-    adafuse.generate(ens.members, Request(prompts.pop(), max_new_tokens=1, prefix=shared), cfg)  # reads the exemplars
+    drive(adafuse.generate(ens.members, Request(prompts.pop(), max_new_tokens=1, prefix=shared), cfg))  # the exemplars
     for prompt in prompts:
         started = time.perf_counter()
-        fast = adafuse.generate(ens.members, Request(prompt, max_new_tokens=budget, prefix=shared), cfg)
+        fast = drive(adafuse.generate(ens.members, Request(prompt, max_new_tokens=budget, prefix=shared), cfg))
         fast_s += time.perf_counter() - started
         started = time.perf_counter()
         slow_text = reference.generate(ens.members, Request(prompt, max_new_tokens=budget), cfg).text
@@ -264,18 +266,18 @@ def decode_suite(
     def one(members, i):
         return spec.generate(members, cases[i], cfg)
 
-    scheduler, texts = Scheduler(exact=exact), [None] * len(cases)
+    executor, texts = Executor(exact=exact), [None] * len(cases)
     started = time.perf_counter()
     with PeakMemory() as memory:
-        for i, gen in decode_many(ens.members, range(len(cases)), one, batch_size, scheduler):
+        for i, gen in decode_many(ens.members, range(len(cases)), one, batch_size, executor):
             texts[i] = gen.text
     seconds = time.perf_counter() - started
     return texts, {
         "seconds": seconds,
         "examples_per_second": len(cases) / seconds,
-        "merged_passes": scheduler.passes,
-        "rows_per_pass": scheduler.rows / max(scheduler.passes, 1),
-        "passes_in_place": scheduler.reused,
+        "merged_passes": executor.passes,
+        "rows_per_pass": executor.rows / max(executor.passes, 1),
+        "passes_in_place": executor.reused,
         "peak_memory_gb": memory.peak / 1024**3,
     }
 
@@ -521,7 +523,7 @@ def one_multiply_in_tiles(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tenso
     """The canonical logits the blocked projection must give: one F.linear over the whole matrix, the rows
     padded to the blocks' row tiles (adafuse/invariance.py), as tests/engine/test_projection.py checks."""
     bias = None if head.bias is None else head.bias[:BLOCK_ROWS]
-    padded = pad_to_tiles(x, head.weight[:BLOCK_ROWS], bias)
+    padded = pad_to_tiles(backend_for(head.weight.device).probes, x, head.weight[:BLOCK_ROWS], bias)
     return F.linear(padded, head.weight, head.bias)[: x.shape[0]]
 
 
@@ -541,7 +543,7 @@ def compare_with_lm_eval(data_dir: Path, count: int, batch_size: int, repeats: i
 
     def runner() -> list[str]:
         stream = model.ensemble.decode_stream(
-            enumerate(requests), batch_size=batch_size, method=model.method, scheduler=Scheduler()
+            enumerate(requests), batch_size=batch_size, method=model.method, executor=Executor()
         )
         return [gen.text for _, gen in sorted(stream, key=lambda item: item[0])]
 

@@ -25,6 +25,7 @@ import torch
 
 from adafuse import AdaFuseConfig, Ensemble, Request, SingleConfig
 from adafuse.config import ModelConfig
+from adafuse.engine import drive
 from adafuse.ensemble import resolve_method
 from baselines.deepen import DeepenConfig
 from baselines.llm_blender import LLMBlenderConfig
@@ -85,7 +86,7 @@ def compare(pair_dir: Path, requests: list[Request]) -> dict:
         spec, cfg = resolve_method(cfg, {})
         differ, gaps = 0, []
         for request in requests:
-            out = {dtype: spec.generate(pair.members, request, cfg) for dtype, pair in pairs.items()}
+            out = {dtype: drive(spec.generate(pair.members, request, cfg)) for dtype, pair in pairs.items()}
             if out["float32"].text == out["bfloat16"].text:
                 continue
             differ += 1

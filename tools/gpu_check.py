@@ -33,8 +33,10 @@ from pathlib import Path
 import torch
 
 from adafuse import AdaFuseConfig, Ensemble, SingleConfig
-from adafuse.batching import Scheduler, decode_many
+from adafuse.backend import backend_for
 from adafuse.config import ModelConfig
+from adafuse.engine import decode_many, drive
+from adafuse.executor import Executor
 from adafuse.methods import METHODS
 from tools import make_paper_pair
 from tools.bench_decode import compare_exact_batching, task_requests
@@ -89,10 +91,9 @@ def paper_pair_bf16() -> Ensemble:
 def exact_batching(prompts: int, data_dir: Path) -> dict:
     """bench_decode's section 6 on the paper's pair in shape, bfloat16: the row tiles each linear layer
     chose on this device (adafuse/invariance.py) and what exactness costs at batch 8."""
-    from adafuse.invariance import _TILE_ROWS
-
-    report = compare_exact_batching(paper_pair_bf16(), data_dir, "nq", prompts)
-    report["tile_rows"] = {str(key): rows for key, rows in _TILE_ROWS.items()}
+    pair = paper_pair_bf16()
+    report = compare_exact_batching(pair, data_dir, "nq", prompts)
+    report["tile_rows"] = {str(key): rows for key, rows in backend_for(pair.members[0].device).probes.tile_rows.items()}
     return report
 
 
@@ -112,12 +113,12 @@ def shaped_pair_batching(prompts: int, budget: int, data_dir: Path) -> dict:
             return spec.generate(members, requests[i], cfg)  # noqa: B023
 
         started = time.perf_counter()
-        alone = [one(pair.members, i) for i in range(len(requests))]
+        alone = [drive(one(pair.members, i)) for i in range(len(requests))]
         row = {"batch_1_seconds": time.perf_counter() - started}
         for exact in (True, False):
-            scheduler = Scheduler(exact=exact)
+            executor = Executor(exact=exact)
             started = time.perf_counter()
-            batched = dict(decode_many(pair.members, range(len(requests)), one, 8, scheduler))
+            batched = dict(decode_many(pair.members, range(len(requests)), one, 8, executor))
             label = "exact" if exact else "not_exact"
             row[f"batch_8_{label}_seconds"] = time.perf_counter() - started
             row[f"batch_8_{label}_identical"] = sum(batched[i].text == alone[i].text for i in range(len(requests)))
@@ -126,7 +127,7 @@ def shaped_pair_batching(prompts: int, budget: int, data_dir: Path) -> dict:
                     [s.logprob for s in batched[i].trace.steps] == [s.logprob for s in alone[i].trace.steps]
                     for i in range(len(requests))
                 )
-            row[f"batch_8_{label}_how"] = scheduler.report()
+            row[f"batch_8_{label}_how"] = executor.report()
         report["runs"][name] = row
         print(f"  {name}: {row}", flush=True)
     return report

@@ -566,7 +566,7 @@ def cached(cache_dir: Path | None = None) -> Path:
     """The directory holding the default pair, built on first use under <cache>/paper_pair/<cache_key>
     ($ADAFUSE_CACHE or ~/.cache/adafuse by default). Built in a private temporary directory and renamed
     into place, so parallel sessions never see half a model. SystemExit when a package is missing."""
-    from adafuse.loading import default_cache_dir
+    from adafuse.config import default_cache_dir
 
     root = (cache_dir or default_cache_dir()) / "paper_pair" / cache_key()
     if built(root):

@@ -8,6 +8,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
+from adafuse.engine import drive
 from adafuse.ensemble import resolve_method
 from adafuse.model import Member
 from adafuse.session import Request
@@ -23,7 +24,7 @@ def decode(members, prompt: str, cfg, **request) -> Generation:
     """Decode `prompt` through the method seam with the method whose knobs `cfg` is; `request` holds
     the Request's other fields (stop, max_new_tokens, trace)."""
     spec, cfg = resolve_method(cfg, {})
-    return spec.generate(members, Request(prompt, **request), cfg)
+    return drive(spec.generate(members, Request(prompt, **request), cfg))
 
 
 def clone(member: Member) -> Member:

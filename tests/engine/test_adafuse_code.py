@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from adafuse.batching import Scheduler, decode_many
+from adafuse.engine import decode_many
 from adafuse.errors import ConfigError
+from adafuse.executor import Executor
 from adafuse.methods import METHODS
 from adafuse.session import Request
 from baselines.adafuse_code import AdaFuseCodeConfig
@@ -192,10 +193,10 @@ def test_batched_decoding_gives_the_recorded_texts(tiny):
     def one(members, ex):
         return spec.generate(members, Request(ex["prompt"], max_new_tokens=BUDGET), cfg)
 
-    scheduler = Scheduler()
-    for ex, gen in decode_many(tiny.members, examples, one, batch_size=3, scheduler=scheduler):
+    executor = Executor()
+    for ex, gen in decode_many(tiny.members, examples, one, batch_size=3, executor=executor):
         assert gen.text == ex["continuation"], ex["index"]
-    assert scheduler.merged > 0
+    assert executor.merged > 0
 
 
 def test_every_recording_is_covered():

@@ -1,4 +1,4 @@
-"""Batching across examples (adafuse/batching.py) changes no prediction: every example decoded with
+"""Batching across examples (adafuse/engine.py) changes no prediction: every example decoded with
 others in flight equals the same example decoded alone.
 
 Whole decodes run on the paper's pair in shape (real Llama-3 and Mistral tokenizers, tiny random weights:
@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from adafuse import Ensemble, Request, SingleConfig
-from adafuse.batching import Scheduler, decode_many
 from adafuse.cache import PromptStore
 from adafuse.config import ModelConfig
+from adafuse.engine import decode_many, drive
 from adafuse.ensemble import resolve_method
 from adafuse.errors import BatchMemoryError
+from adafuse.executor import Executor
 from adafuse.invariance import PREFIX
 from adafuse.merged_pass import forward_together
 from adafuse.methods import METHODS
@@ -48,18 +49,18 @@ def test_batched_predictions_equal_unbatched_ones(paper_pair, shared_data, metho
     def one(members, i):  # each example keeps its own stop strings and budget
         return spec.generate(members, cases[i], cfg)
 
-    scheduler, finished = Scheduler(), []
+    executor, finished = Executor(), []
     # a batch of 3 for 6 examples: finished examples' slots are refilled while others run on
-    for i, gen in decode_many(paper_pair.members, range(len(cases)), one, batch_size=3, scheduler=scheduler):
+    for i, gen in decode_many(paper_pair.members, range(len(cases)), one, batch_size=3, executor=executor):
         finished.append(i)
         assert gen.text == alone[i].text, cases[i].prompt[-60:]
         assert gen.ids == alone[i].ids
         assert gen.stats.rounds == alone[i].stats.rounds
         assert gen.stats.forward_passes == alone[i].stats.forward_passes
     assert sorted(finished) == list(range(len(cases)))
-    assert scheduler.merged > 0  # passes did carry several examples' rows
+    assert executor.merged > 0  # passes did carry several examples' rows
     # and refilled slots read their prompts' tails in those passes, not in passes of their own
-    assert all(counts.merged_prompts > 0 for counts in scheduler.counts.values())
+    assert all(counts.merged_prompts > 0 for counts in executor.counts.values())
 
 
 def test_examples_that_start_together_read_the_few_shot_prefix_once(tiny, shared_data):
@@ -87,8 +88,8 @@ def assert_merged_equals_separate(member):
     """Rows of different examples, with caches of different lengths, read together: logits and caches
     as if each had been read alone (float rounding aside)."""
     short, long = clone(member), clone(member)
-    short.start("Hello there")
-    long.start("The quick brown fox jumps over the lazy dog. " * 20)
+    drive(short.start("Hello there"))
+    drive(long.start("The quick brown fox jumps over the lazy dog. " * 20))
     rows_a, rows_b = short.fork(2), long.fork(1)
     inputs = [torch.tensor([[5, 6, 7], [8, 9, 10]]), torch.tensor([[11]])]
     merged, resident = forward_together(member, [rows_a.cache, rows_b.cache], inputs)
@@ -109,17 +110,18 @@ def test_a_merged_pass_equals_separate_passes(tiny):
         assert_merged_equals_separate(member)
 
 
-def test_a_model_is_prepared_for_merging_by_its_first_merged_pass(paper_pair_dir):
-    """A model no scheduler has seen (its attention not yet wrapped) still merges exactly."""
+def test_a_model_is_prepared_for_merging_when_its_member_is_made(paper_pair_dir):
+    """The backend wraps a model's attention once, when its first member is made (adafuse/backend.py), and a
+    fresh model merges exactly."""
     fresh = Ensemble.from_config([ModelConfig(name=NAMES[0], path=str(paper_pair_dir / NAMES[0]))]).members[0]
-    assert not fresh.model.config._attn_implementation.startswith(PREFIX)
+    assert fresh.model.config._attn_implementation.startswith(PREFIX) and fresh.installed.splits_attention
     assert_merged_equals_separate(fresh)
 
 
 def test_a_pass_that_cannot_fit_is_a_named_error(tiny):
     prompts = ["Question: What is the capital of France?\nAnswer:"] * 2
     with pytest.raises(BatchMemoryError, match="MiB"):
-        tiny.decode_batch(prompts, batch_size=2, max_new_tokens=4, scheduler=Scheduler(memory_budget=1 << 20))
+        tiny.decode_batch(prompts, batch_size=2, max_new_tokens=4, executor=Executor(memory_budget=1 << 20))
 
 
 def test_greedy_steps_read_the_resident_cache_in_place(tiny):
@@ -127,11 +129,11 @@ def test_greedy_steps_read_the_resident_cache_in_place(tiny):
     padded cache as it is (no merge), and logits and caches still equal separate passes."""
     member = tiny.members[0]
     short, long = clone(member), clone(member)
-    short.start("Hello there")
-    long.start("The quick brown fox jumps over the lazy dog. " * 20)
+    drive(short.start("Hello there"))
+    drive(long.start("The quick brown fox jumps over the lazy dog. " * 20))
     alone_short, alone_long = clone(member), clone(member)
-    alone_short.start("Hello there")
-    alone_long.start("The quick brown fox jumps over the lazy dog. " * 20)
+    drive(alone_short.start("Hello there"))
+    drive(alone_long.start("The quick brown fox jumps over the lazy dog. " * 20))
     resident = None
     for step in ([[5]], [[6]]), ([[7]], [[8]]), ([[9]], [[10, 11]]):
         inputs = [torch.tensor(x) for x in step]
@@ -157,8 +159,8 @@ def test_greedy_steps_read_the_resident_cache_in_place(tiny):
 def test_a_moved_cache_is_merged_again(tiny):
     member = tiny.members[0]
     a, b = clone(member), clone(member)
-    a.start("Hello there")
-    b.start("General Kenobi, you are a bold one")
+    drive(a.start("Hello there"))
+    drive(b.start("General Kenobi, you are a bold one"))
     _, resident = forward_together(
         member, [a.cache, b.cache], [torch.tensor([[5]]), torch.tensor([[6]])], may_stay=True, exact=False
     )
@@ -172,7 +174,7 @@ PROMPTS = ["Question: Who wrote Hamlet?\nAnswer:", "1, 2, 3, 4,", "The capital o
 
 
 def greedy_slots(smol, fail_on=None):
-    """(decode function for decode_many, weak references to the slot clones it decoded with)."""
+    """(an example's program for decode_many, weak references to the slot clones it decoded with)."""
     seen = []
 
     def one(members, i):
@@ -184,18 +186,18 @@ def greedy_slots(smol, fail_on=None):
     return one, seen
 
 
-def test_a_failing_example_ends_the_run_and_leaves_no_worker_or_clone_behind(smol):
+def test_a_failing_example_ends_the_run_and_leaves_no_program_or_clone_behind(smol):
     threads = threading.active_count()
     one, seen = greedy_slots(smol, fail_on=4)
     with pytest.raises(RuntimeError, match="example 4 failed"):
         for _ in decode_many([smol], range(len(PROMPTS)), one, batch_size=3):
             pass
     gc.collect()
-    assert threading.active_count() == threads  # no worker waits on a pass that will never run
+    assert threading.active_count() == threads  # nothing waits on a pass that will never run
     assert seen and all(ref() is None for ref in seen)  # their clones and caches are gone
 
 
-def test_a_caller_that_stops_early_leaves_no_worker_or_clone_behind(smol):
+def test_a_caller_that_stops_early_leaves_no_program_or_clone_behind(smol):
     threads = threading.active_count()
     one, seen = greedy_slots(smol)
     stream = decode_many([smol], range(len(PROMPTS)), one, batch_size=3)
@@ -209,61 +211,31 @@ def test_a_caller_that_stops_early_leaves_no_worker_or_clone_behind(smol):
 
 def test_a_merged_pass_orders_its_rows_by_slot(smol):
     one, _ = greedy_slots(smol)
-    scheduler = Scheduler()
-    for _ in decode_many([smol], range(len(PROMPTS)), one, batch_size=4, scheduler=scheduler):
+    executor = Executor()
+    for _ in decode_many([smol], range(len(PROMPTS)), one, batch_size=4, executor=executor):
         pass
-    assert scheduler.merged > 0
-    assert all(slots == sorted(slots) for slots in scheduler.pass_slots)
+    assert executor.merged > 0
+    assert all(slots == sorted(slots) for slots in executor.pass_slots)
 
 
-def test_an_example_s_members_ask_for_their_passes_in_the_same_turn(tiny):
-    """AdaFuse's members propose and score side by side (`Session.concurrently`): even one example alone
-    in a batched run has both models' requests waiting in one turn, and its text is the unbatched one."""
+def test_an_example_s_members_ask_for_their_passes_in_the_same_step(tiny):
+    """AdaFuse's members propose and score together (adafuse/passes.py `together`): even one example alone
+    in a batched run has both models' requests in one engine step, and its text is the unbatched one."""
     prompt = "Question: What is the capital of France?\nAnswer:"
-    turns = []
-    scheduler = Scheduler()
-    run_waiting = scheduler.run_waiting
+    steps = []
+    executor = Executor()
+    run = executor.run
 
-    def spy():
-        turns.append({r.member.name for r in scheduler.waiting if r.prompt is None})
-        run_waiting()
+    def spy(requests):
+        steps.append({r.member.name for _, r in requests})
+        return run(requests)
 
-    scheduler.run_waiting = spy
+    executor.run = spy
     spec, cfg = resolve_method("adafuse", {})
     ((_, gen),) = decode_many(
-        tiny.members, [0], lambda members, _: spec.generate(members, Request(prompt, ("\n",), 8), cfg), 1, scheduler
+        tiny.members, [0], lambda members, _: spec.generate(members, Request(prompt, ("\n",), 8), cfg), 1, executor
     )
     assert gen.text == tiny.decode(prompt, stop=["\n"], max_new_tokens=8).text
     both = {m.name for m in tiny.members}
-    assert sum(turn == both for turn in turns) >= 2  # proposals and scores alike
-    assert len(turns) < sum(gen.stats.forward_passes)  # fewer turns than the members' passes
-
-
-def test_side_by_side_tasks_return_in_order_and_raise_the_first_error_after_all_end(smol):
-    """Scheduler.concurrently: results in task order; a failing task does not stop the others' passes,
-    and its error is raised once every task has ended."""
-    ended = []
-
-    def read(member, ids):
-        member.feed(ids)
-        ended.append(len(ids))
-        return member.ids[-1]
-
-    def failing():
-        raise ValueError("this task fails")
-
-    def decode(slot, _):
-        (member,) = slot
-        member.start("Once upon a time")
-        a, b = member.clone(), member.clone()
-        a.scheduler = b.scheduler = member.scheduler
-        a.slot, b.slot = 1, 2  # each its own place in a pass's row order
-        a.start("Once upon a time")
-        b.start("Once upon a time")
-        assert member.scheduler.concurrently([lambda: read(a, [5]), lambda: read(b, [6, 7])]) == [5, 7]
-        with pytest.raises(ValueError, match="this task fails"):
-            member.scheduler.concurrently([failing, lambda: read(a, [8])])
-        return ended
-
-    ((_, ended_reads),) = decode_many([smol], [0], decode, 1)
-    assert sorted(ended_reads) == [1, 1, 2]
+    assert sum(step == both for step in steps) >= 3  # the prompts, proposals and scores alike
+    assert len(steps) < sum(gen.stats.forward_passes)  # fewer steps than the members' passes

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from adafuse import AdaFuseConfig, SingleConfig
-from adafuse.decode import Word, complete_words, cut_to_char
+from adafuse.completion import Word, complete_words, cut_to_char
+from adafuse.engine import drive
 from adafuse.errors import NumericsError
 from adafuse.model import Member
 from tools.testing import clone, decode, nq_prompt
@@ -129,9 +130,9 @@ def test_control_tokens_never_form_words(tiny, gemma, shared_data):
             for k, (m, score) in enumerate(zip(tiny.members, c.scores)):
                 assert not set(score.ids) & m.control_ids, names(score.ids) if k else score.ids
     m = clone(gemma)
-    m.start(prompt)
+    drive(m.start(prompt))
     assert m.logprobs[sorted(m.control_ids)].max() == float("-inf")
-    m.start(prompt, mask_control=False)
+    drive(m.start(prompt, mask_control=False))
     assert m.logprobs[sorted(m.control_ids)].max() > float("-inf")
 
 
@@ -139,20 +140,20 @@ def test_a_word_cut_at_the_token_cap_never_ends_inside_a_character(smol):
     """SmolLM2 spells an emoji over several byte tokens: a word capped at 1 token runs on to finish the
     character; a word that the slack cannot finish is cut back to its last character boundary."""
     m = clone(smol)
-    m.start("🍕🍕🍕🍕🍕🍕🍕🍕")
+    drive(m.start("🍕🍕🍕🍕🍕🍕🍕🍕"))
     rows = m.fork(1)
-    (word,) = complete_words(m, rows, [int(m.logprobs.argmax())], m.logprobs, [], max_tokens=1)
+    (word,) = drive(complete_words(m, rows, [int(m.logprobs.argmax())], m.logprobs, [], max_tokens=1))
     assert word.text == "🍕" and len(word.ids) == 3 and not word.cut  # 1 token would end inside the emoji
     assert rows.tokens[0] == word.ids and torch.equal(rows.last[0], word.next_logprobs)
 
     pizza = m.encode_text("🍕")
     partial = pizza + pizza[:1]  # a second emoji begun and never finished
     rows = m.fork(1)
-    dists = [rows.extend([[t]])[0, 0] for t in partial]
+    dists = [drive(rows.extend([[t]]))[0, 0] for t in partial]
     unfinished = Word(partial, [0.0] * 4, m.text_of(partial), False, dists[-1])
     cut = cut_to_char(m, rows, 0, unfinished, dists, m.ids)
     assert (cut.ids, cut.text, cut.cut) == (pizza, "🍕", True)
     assert rows.tokens[0] == pizza and torch.equal(rows.last[0], dists[len(pizza) - 1])
-    m.commit(rows, 0, cut.text)
+    m.commit(rows, 0, "", cut.text)
     m.check_invariant()
     assert m.text_of(m.generated_ids, m.ids[: m.prompt_len]) == "🍕"

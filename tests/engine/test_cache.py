@@ -8,6 +8,7 @@ from torch.overrides import TorchFunctionMode
 
 from adafuse import AdaFuseConfig
 from adafuse.cache import PromptStore, common_prefix
+from adafuse.engine import drive
 from adafuse.invariance import tile_rows
 from oracles import reference
 from tools.testing import WINDOW, clone, decode
@@ -22,22 +23,22 @@ def full_next_logprobs(member, ids):
 def test_fork_extend_commit_match_full_forward(tiny):
     for member in tiny.members:
         m = clone(member)
-        m.start("The quick brown fox")
+        drive(m.start("The quick brown fox"))
         assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
         rows = m.fork(3)
         firsts = m.logprobs.topk(3).indices.tolist()
-        rows.extend([[firsts[0]], [firsts[1]], [firsts[2]]])
-        rows.extend([[7], [], [9]])  # row 1 stops early and is padded
+        drive(rows.extend([[firsts[0]], [firsts[1]], [firsts[2]]]))
+        drive(rows.extend([[7], [], [9]]))  # row 1 stops early and is padded
         for i in range(3):
             assert torch.allclose(rows.last[i], full_next_logprobs(m, rows.prefix + rows.tokens[i]), atol=1e-4)
-        m.commit(rows, 1, m.text_of(rows.tokens[1]))
+        m.commit(rows, 1, "", m.text_of(rows.tokens[1]))
         m.check_invariant()
         assert m.ids[-1] == firsts[1]
-        m.feed([11, 12])
+        drive(m.feed([11, 12]))
         m.check_invariant()
         assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
         with pytest.raises(AssertionError, match="stopped early"):
-            rows.extend([[1], [2], [3]])
+            drive(rows.extend([[1], [2], [3]]))
 
 
 def test_rollback_past_the_sliding_window(narrow, shared_data):
@@ -45,17 +46,17 @@ def test_rollback_past_the_sliding_window(narrow, shared_data):
     must still be exact."""
     m = clone(narrow[1])
     prompt = (shared_data / "adafuse_local_datasets/GSM/gsm_prompt.txt").read_text()[:400]
-    m.start(prompt)
+    drive(m.start(prompt))
     assert len(m.ids) > 2 * WINDOW
     context = list(m.ids)
     rows = m.fork(2)
-    rows.extend([[100, 200, 300], [400, 500, 600]])
-    m.commit(rows, 0, m.text_of(rows.tokens[0]))
-    m.start(prompt[:-40])  # a shorter prompt: the cache is cut back inside the prompt
+    drive(rows.extend([[100, 200, 300], [400, 500, 600]]))
+    m.commit(rows, 0, "", m.text_of(rows.tokens[0]))
+    drive(m.start(prompt[:-40]))  # a shorter prompt: the cache is cut back inside the prompt
     m.check_invariant()
     assert m.ids == m.encode(prompt[:-40])
     assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
-    m.start(prompt)
+    drive(m.start(prompt))
     assert m.ids == context
     assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
 
@@ -65,11 +66,11 @@ def test_the_shared_few_shot_prefix_is_read_once(tiny, shared_data):
     for member in tiny.members:
         m = clone(member)
         m.prompts = PromptStore()
-        m.start(nq + "\n\nQuestion: who is the president\nAnswer:", prefix=nq)
+        drive(m.start(nq + "\n\nQuestion: who is the president\nAnswer:", prefix=nq))
         ((prefix, _),) = m.prompts.entries  # read in a pass of its own, and kept
         assert prefix == m.ids[: len(prefix)] and len(prefix) >= len(m.encode(nq)) - 1
         m.reset_counters()
-        m.start(nq + "\n\nQuestion: where is the eiffel tower\nAnswer:", prefix=nq)
+        drive(m.start(nq + "\n\nQuestion: where is the eiffel tower\nAnswer:", prefix=nq))
         assert len(m.prompts.entries) == 1 and m.ids[: len(prefix)] == prefix
         assert (m.forward_passes, m.tokens_fed) == (1, len(m.ids) - len(prefix))  # the question alone
         assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
@@ -80,8 +81,8 @@ def test_retokenised_candidate_cuts_the_context_back_where_the_boundary_merges(g
     across the boundary, so the context is cut back and the merged token is scored as part of the candidate."""
     m = clone(gemma)
     prompt = "Here is a list:\n"
-    m.start(prompt)
-    (reading,) = m.read([m.align("\nThe")])
+    drive(m.start(prompt))
+    (reading,) = drive(m.read([m.align("", "\nThe")]))
     a = reading.alignment
     encoded = m.encode(prompt + "\nThe")
     assert a.base < len(m.ids)  # the trailing "\n" token merged into "\n\n"
@@ -89,9 +90,9 @@ def test_retokenised_candidate_cuts_the_context_back_where_the_boundary_merges(g
     assert a.skip == 0  # "\n\n" carries the candidate's first character: it is scored
     expected = reference.nll(reference.RefModel(m), m.ids[: a.base], a.ids, False)
     assert -sum(reading.logprobs) / len(reading.logprobs) == pytest.approx(expected, abs=1e-4)
-    m.commit(*reading.home, "\nThe")
+    m.commit(*reading.home, "", "\nThe")
     m.check_invariant()
-    assert m.ids == encoded and m.text == "\nThe"
+    assert m.ids == encoded
     assert m.generated_ids == encoded[a.base :]  # the cut-back reached into the prompt: the merged token is output
     assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
 
@@ -101,9 +102,9 @@ def test_context_tokens_before_the_candidate_are_fed_but_not_scored(smol):
     the context's "Ġ" is cut back, and "ĠParis" carries the candidate: nothing is skipped. A candidate
     that starts with its own space ("  x") re-reads the prompt's space inside a token that is scored."""
     m = clone(smol)
-    m.start("Answer: ")
+    drive(m.start("Answer: "))
     assert m.tokenizer.convert_ids_to_tokens(m.ids[-1]) == "Ġ"
-    a = m.align("Paris")
+    a = m.align("", "Paris")
     assert a.base == len(m.ids) - 1 and m.tokenizer.convert_ids_to_tokens(a.ids) == ["ĠParis"] and a.skip == 0
 
 
@@ -111,17 +112,17 @@ def test_a_cut_back_never_reaches_before_the_last_committed_word(smol):
     """Once the context holds the model's own non-canonical ids before its last word, a later candidate
     is not cut back to them: the ids re-read stay bounded by the candidate plus the last word."""
     m = clone(smol)
-    m.start("Answer:")
+    drive(m.start("Answer:"))
     space, paris = m.encode_text(" "), m.encode_text("Paris")  # " " + "Paris": not the canonical " Paris"
-    m.append_ids(space + paris, " Paris")
-    m.append_ids(m.encode_text(" is"), " is")  # the model's own next word
+    drive(m.append_ids(space + paris, "", " Paris"))
+    drive(m.append_ids(m.encode_text(" is"), " Paris", " is"))  # the model's own next word
     canonical = m.encode_text("Answer: Paris is nice", add_special_tokens=True)
     assert common_prefix(canonical, m.ids) < len(m.ids) - 2  # a full re-encoding departs two words back
-    a = m.align(" nice")
+    a = m.align(" Paris is", " nice")
     assert (a.base, a.ids, a.skip) == (len(m.ids), m.encode_text(" nice"), 0)
-    m.commit(*m.read([a])[0].home, " nice")
+    m.commit(*drive(m.read([a]))[0].home, " Paris is", " nice")
     assert m.ids[-4:-1] == space + paris + m.encode_text(" is")  # never re-read
-    a = m.align("\n")  # the last word " nice" may be re-read, nothing before it
+    a = m.align(" Paris is nice", "\n")  # the last word " nice" may be re-read, nothing before it
     assert a.base >= len(m.ids) - 1
 
 
@@ -144,23 +145,23 @@ def test_a_cache_grows_in_place_and_never_writes_into_a_view_it_handed_out(smol)
     """GrowingLayer: steps after the first write into one buffer; a fork, a committed row or a crop taken
     before a step keeps its values, and the contexts still match full forward passes."""
     m = clone(smol)
-    m.start("The quick brown fox")
+    drive(m.start("The quick brown fox"))
     rows = m.fork(2)
-    rows.extend([[5], [6]])  # the expanded prefix is copied once, into the fork's own buffer
+    drive(rows.extend([[5], [6]]))  # the expanded prefix is copied once, into the fork's own buffer
     buffer = rows.cache.layers[0].keys.data_ptr()
     row_view = rows.cache_of_row(0)  # a view of the buffer's filled positions
     kept = row_view.layers[0].keys.clone()
-    rows.extend([[7], [8]])
-    rows.extend([[9], [10]])
+    drive(rows.extend([[7], [8]]))
+    drive(rows.extend([[9], [10]]))
     assert rows.cache.layers[0].keys.data_ptr() == buffer  # written in place, not concatenated
     assert torch.equal(row_view.layers[0].keys, kept)
     for i in range(2):
         assert torch.allclose(rows.last[i], full_next_logprobs(m, rows.prefix + rows.tokens[i]), atol=1e-4)
-    m.commit(rows, 1, m.text_of(rows.tokens[1]))
+    m.commit(rows, 1, "", m.text_of(rows.tokens[1]))
     before = m.cache.layers[0].keys.clone()
     m.cache.crop(-1)  # a rollback: the next read starts a buffer of its own
-    m.ids = m.ids[:-1]
-    m.feed([11])
+    m.context.ids = m.ids[:-1]
+    drive(m.feed([11]))
     assert torch.equal(rows.cache.layers[0].keys[1, :, : before.shape[2]], before[0])
     assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
 
@@ -170,16 +171,16 @@ def test_a_fork_of_rows_of_unequal_length_computes_only_their_ids(smol):
     never multiplied (only the real positions reach the linear layers, in whole tiles) and cannot be
     indexed, and a real row's values are bit for bit those of the same pass with no padding at all."""
     m = clone(smol)
-    m.start("Once upon a time")
+    drive(m.start("Once upon a time"))
     layer = m.model.model.layers[0].mlp.down_proj
     with LinearRows() as rows_multiplied:
-        steps = m.fork(3).extend([[5, 6, 7], [8], []])
-    tile = tile_rows(layer.weight, layer.bias)
+        steps = drive(m.fork(3).extend([[5, 6, 7], [8], []]))
+    tile = tile_rows(m.backend.probes, layer.weight, layer.bias)
     assert max(rows_multiplied.rows) == -(-4 // tile) * tile  # 4 real ids of the 9 positions
     assert steps.packed.shape[0] == 4
     with pytest.raises(IndexError, match="no position 1"):
         steps[1, 1]
-    unpadded = m.fork(3).extend([[5, 6, 7], [8, 8, 8], [9, 9, 9]])
+    unpadded = drive(m.fork(3).extend([[5, 6, 7], [8, 8, 8], [9, 9, 9]]))
     for j in range(3):
         assert torch.equal(steps[0, j], unpadded[0, j])
     assert torch.equal(steps[1, 0], unpadded[1, 0])

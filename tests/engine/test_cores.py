@@ -1,7 +1,7 @@
-"""Threads side by side share the cores in their multiplies (adafuse/cores.py), and no bit changes."""
+"""Threads side by side share the cores in their multiplies (adafuse/cores.py, a CPU device of the backend),
+and no bit changes."""
 
 import ctypes
-import sys
 import threading
 import time
 from pathlib import Path
@@ -10,9 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adafuse import cores, invariance
-from adafuse.batching import Scheduler
-from adafuse.cores import CoreShare, blas_threads, mkl_threads
+from adafuse import invariance
+from adafuse.backend import backend_for
+from adafuse.cores import CoreShare
+from adafuse.executor import Executor
+
+CORES = backend_for(torch.device("cpu")).cores
+PROBES = backend_for(torch.device("cpu")).probes
 
 PROMPTS = [
     "Question: What is the capital of France?\nAnswer:",
@@ -24,7 +28,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def mkl(require):
     """MKL's own count of the calling thread's threads; the torch wheels this project installs link MKL."""
-    require(cores._SET_LOCAL is not None, "MKL's per-thread thread count (a torch build with MKL)")
+    require(CORES.can_share, "MKL's per-thread thread count (a torch build with MKL)")
     library = next((Path(torch.__file__).parent / "lib").glob("libtorch_cpu.*"))
     count = ctypes.CDLL(str(library)).mkl_get_max_threads
     count.restype = ctypes.c_int
@@ -39,16 +43,16 @@ def test_each_thread_of_a_share_multiplies_on_its_part_of_the_cores_and_the_last
     def first(share):
         with share.joined():
             both_in.wait()
-            seen["first"] = blas_threads()
+            seen["first"] = CORES.blas_threads()
         first_left.set()
 
     def second(share):
         with share.joined():
             both_in.wait()
-            seen["second"] = blas_threads()
+            seen["second"] = CORES.blas_threads()
             first_left.wait(10)
-            seen["alone"] = blas_threads()
-        seen["after"] = blas_threads()
+            seen["alone"] = CORES.blas_threads()
+        seen["after"] = CORES.blas_threads()
 
     share = CoreShare(2)
     runs = [threading.Thread(target=f, args=(share,)) for f in (first, second)]
@@ -57,26 +61,32 @@ def test_each_thread_of_a_share_multiplies_on_its_part_of_the_cores_and_the_last
     for run in runs:
         run.join()
     assert seen == {"first": max(1, threads // 2), "second": max(1, threads // 2), "alone": None, "after": None}
-    assert blas_threads() is None  # a thread outside any share
+    assert CORES.blas_threads() is None  # a thread outside any share
     before = mkl()
-    with mkl_threads(1):
+    with CORES.mkl_threads(1):
         assert mkl() == 1
     assert mkl() == before
 
 
+def recording_mkl_threads(monkeypatch) -> list:
+    """Every MKL thread count a multiply asks for from here on (None: all the cores)."""
+    counts, mkl_threads = [], CORES.mkl_threads
+    monkeypatch.setattr(CORES, "mkl_threads", lambda count: counts.append(count) or mkl_threads(count))
+    return counts
+
+
 def test_a_batched_decode_multiplies_on_one_thread_per_model_and_keeps_every_bit(tiny, monkeypatch):
-    """Both models' passes of a turn run side by side, each multiply on its share of the cores; the outputs
+    """Both models' passes of a step run side by side, each multiply on its share of the cores; the outputs
     and every score of the trace equal the run where every multiply uses all the cores."""
     tiny.decode_batch(PROMPTS, max_new_tokens=1, batch_size=3)  # both runs below then read the prompts alike
-    counts = []
-    monkeypatch.setattr(invariance, "mkl_threads", lambda count: counts.append(count) or mkl_threads(count))
+    counts = recording_mkl_threads(monkeypatch)
     shared = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=8, trace=True, batch_size=3)
     if torch.get_num_threads() > 1:
         assert 1 in counts  # some multiplies ran on one thread while the other model's pass ran
-    monkeypatch.setattr(cores, "_SET_LOCAL", None)
+    monkeypatch.setattr(CORES, "_set_local", None)
     counts.clear()
     every_core = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=8, trace=True, batch_size=3)
-    assert set(counts) == {None}
+    assert not [count for count in counts if count is not None]
     for a, b in zip(shared, every_core):
         assert (a.text, a.ids) == (b.text, b.ids)
         assert [[c.scores for c in r.candidates] for r in a.trace.rounds] == [
@@ -86,35 +96,17 @@ def test_a_batched_decode_multiplies_on_one_thread_per_model_and_keeps_every_bit
 
 def test_a_multiply_whose_bits_change_with_its_threads_runs_on_all_of_them(monkeypatch):
     weight, x = torch.randn(8, 32), torch.randn(4, 32)
-    counts = []
-    monkeypatch.setattr(invariance, "mkl_threads", lambda count: counts.append(count) or mkl_threads(count))
-    monkeypatch.setattr(cores, "_SET_LOCAL", lambda count: 0)  # a share is in force even without MKL
+    counts = recording_mkl_threads(monkeypatch)
+    monkeypatch.setattr(CORES, "_set_local", lambda count: 0)  # a share is in force even without MKL
     share = CoreShare(2)  # the other thread of the share never leaves: this one multiplies on its part
     with share.joined():
-        threads = blas_threads()
+        threads = CORES.blas_threads()
         key = (invariance._kernel_key(weight, None), 4, threads)
-        monkeypatch.setitem(invariance._FEWER_THREADS, key, False)
-        assert torch.equal(invariance.linear(x, weight, None), F.linear(x, weight))
-        monkeypatch.setitem(invariance._FEWER_THREADS, key, True)
-        invariance.linear(x, weight, None)
-    assert counts == [None, threads]
-
-
-def test_passes_side_by_side_hand_the_gil_over_quickly_and_the_interval_is_restored(tiny, monkeypatch):
-    """Both models' passes of a turn run with the short switch interval (`quick_gil_handoff`); after the
-    run, the process's own interval is back."""
-    seen = []
-    run_pass = Scheduler.run_pass
-
-    def recording(self, plan, chunk):
-        seen.append(sys.getswitchinterval())
-        return run_pass(self, plan, chunk)
-
-    monkeypatch.setattr(Scheduler, "run_pass", recording)
-    before = sys.getswitchinterval()
-    tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=4, batch_size=3)
-    assert seen and all(interval == pytest.approx(min(before, cores.HANDOFF_SECONDS), rel=0.02) for interval in seen)
-    assert sys.getswitchinterval() == before
+        monkeypatch.setitem(PROBES.fewer_threads, key, False)
+        assert torch.equal(invariance.linear(PROBES, x, weight, None), F.linear(x, weight))
+        monkeypatch.setitem(PROBES.fewer_threads, key, True)
+        invariance.linear(PROBES, x, weight, None)
+    assert counts == [threads]  # the first multiply asked for no count: all the cores
 
 
 def test_passes_one_model_after_the_other_never_overlap_use_every_core_and_keep_every_bit(tiny, monkeypatch):
@@ -123,19 +115,19 @@ def test_passes_one_model_after_the_other_never_overlap_use_every_core_and_keep_
     tiny.decode_batch(PROMPTS, max_new_tokens=1, batch_size=3)  # both runs below then read the prompts alike
     side_by_side = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=4, trace=True, batch_size=3)
     spans, threads = [], []
-    run_pass = Scheduler.run_pass
+    run_pass = Executor._run_pass
 
-    def recording(self, plan, chunk):
+    def recording(self, chunk):
         start = time.perf_counter()
-        threads.append(blas_threads())
+        threads.append(CORES.blas_threads())
         try:
-            return run_pass(self, plan, chunk)
+            return run_pass(self, chunk)
         finally:
             spans.append((chunk[0].member.name, start, time.perf_counter()))
 
-    monkeypatch.setattr(Scheduler, "run_pass", recording)
-    scheduler = Scheduler(side_by_side=False)
-    one_after = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=4, trace=True, batch_size=3, scheduler=scheduler)
+    monkeypatch.setattr(Executor, "_run_pass", recording)
+    executor = Executor(side_by_side=False)
+    one_after = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=4, trace=True, batch_size=3, executor=executor)
     assert set(threads) == {None}
     spans.sort(key=lambda span: span[1])
     assert {name for name, _, _ in spans} == {m.name for m in tiny.members}
@@ -145,19 +137,7 @@ def test_passes_one_model_after_the_other_never_overlap_use_every_core_and_keep_
         assert [[c.scores for c in r.candidates] for r in a.trace.rounds] == [
             [c.scores for c in r.candidates] for r in b.trace.rounds
         ]
-    report = scheduler.report()
+    report = executor.report()
     for m in tiny.members:
         measured = sum(end - start for name, start, end in spans if name == m.name)
         assert 0 < report[m.name]["seconds"] <= measured
-
-
-def test_the_handoff_never_raises_the_interval():
-    before = sys.getswitchinterval()
-    try:
-        sys.setswitchinterval(cores.HANDOFF_SECONDS / 10)
-        with cores.quick_gil_handoff():
-            assert sys.getswitchinterval() == pytest.approx(cores.HANDOFF_SECONDS / 10, rel=0.02)
-        with cores.quick_gil_handoff(cores.HANDOFF_SECONDS / 100):
-            assert sys.getswitchinterval() == pytest.approx(cores.HANDOFF_SECONDS / 100, rel=0.02)
-    finally:
-        sys.setswitchinterval(before)

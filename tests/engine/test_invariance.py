@@ -9,11 +9,12 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from adafuse import Ensemble, Request, SingleConfig
-from adafuse.batching import Scheduler, decode_many
 from adafuse.cache import derive_cache
 from adafuse.config import ModelConfig
-from adafuse.invariance import _ONE_CALL, _kernel_key, _probe_input, tile_rows, tiled_linear
-from adafuse.merged_pass import can_merge_exactly, forward_together
+from adafuse.engine import decode_many, drive
+from adafuse.executor import Executor
+from adafuse.invariance import _kernel_key, _probe_input, tile_rows, tiled_linear
+from adafuse.merged_pass import forward_together
 from adafuse.methods import METHODS
 from oracles.greedy import hf_greedy
 from tools.paper_pair import NAMES
@@ -42,7 +43,7 @@ def started(member, prompts: list[str]):
     clones = []
     for prompt in prompts:
         clone = member.clone()
-        clone.start(prompt)
+        drive(clone.start(prompt))
         clones.append(clone)
     return clones
 
@@ -50,7 +51,7 @@ def started(member, prompts: list[str]):
 def test_a_merged_pass_computes_every_request_as_alone_bit_for_bit(pair):
     loose_equal = []
     for member in pair.members:
-        assert can_merge_exactly(member.model)
+        assert member.installed.splits_attention
         # Greedy steps (one row, one token, caches of different lengths) and forks (rows of several tokens).
         steps = started(member, PROMPTS)
         step_inputs = [torch.tensor([[c.logprobs.argmax().item()]], device=member.device) for c in steps]
@@ -67,7 +68,7 @@ def test_a_merged_pass_computes_every_request_as_alone_bit_for_bit(pair):
 
 
 def test_a_prompt_tail_read_in_a_merged_pass_gets_the_logits_and_cache_of_its_read_alone(pair):
-    """A turn's last prompt shares the merged pass (adafuse/batching.py `plan_passes`): its tail, read after a
+    """A step's last prompt shares the merged pass (adafuse/planner.py `plan_passes`): its tail, read after a
     stored prefix for the last position's logits alone, beside other examples' steps, is bit for bit its
     read alone, logits and cache, and the steps are their passes alone."""
     for member in pair.members:
@@ -130,10 +131,10 @@ def test_single_at_batch_8_equals_batch_1_and_generate(pair, which):
     def one(members, i):
         return spec.generate(members, Request(PROMPTS[i], max_new_tokens=16, trace=True), cfg)
 
-    alone = [one(pair.members, i) for i in range(len(PROMPTS))]
-    scheduler = Scheduler(exact=True)
-    batched = dict(decode_many(pair.members, range(len(PROMPTS)), one, 8, scheduler))
-    assert scheduler.merged > 0
+    alone = [drive(one(pair.members, i)) for i in range(len(PROMPTS))]
+    executor = Executor(exact=True)
+    batched = dict(decode_many(pair.members, range(len(PROMPTS)), one, 8, executor))
+    assert executor.merged > 0
     member = pair.members[which]
     stock = member.model.config._attn_implementation
     member.model.set_attn_implementation("sdpa")  # transformers' own attention, not the batching wrapper
@@ -162,9 +163,9 @@ def test_a_prompts_numbers_never_depend_on_the_prompts_read_before_it(pair, whic
     def one(members, i):
         return spec.generate(members, requests[i], cfg)
 
-    forward = [one(pair.members, i) for i in range(len(requests))]
-    backward = [one(pair.members, i) for i in reversed(range(len(requests)))][::-1]
-    batched = dict(decode_many(pair.members, range(len(requests)), one, 8, Scheduler(exact=True)))
+    forward = [drive(one(pair.members, i)) for i in range(len(requests))]
+    backward = [drive(one(pair.members, i)) for i in reversed(range(len(requests)))][::-1]
+    batched = dict(decode_many(pair.members, range(len(requests)), one, 8, Executor(exact=True)))
     for i in range(len(requests)):
         runs = [forward[i], backward[i], batched[i]]
         assert [s.logprob for s in runs[0].trace.steps] == [s.logprob for s in runs[1].trace.steps], ASKED[i]
@@ -250,18 +251,19 @@ def test_the_tile_by_tile_path_gives_the_one_multiply_s_bits(smol):
     """Where one multiply of all the rows would not keep each tile's bits, tiles are multiplied one by one:
     the same bits wherever the two agree, one multiply per tile."""
     layer = next(m for m in smol.model.modules() if isinstance(m, torch.nn.Linear))
+    probes = smol.backend.probes
     x = torch.randn(3, 7, layer.in_features, generator=torch.Generator().manual_seed(5))
-    tile = tile_rows(layer.weight, layer.bias)
+    tile = tile_rows(probes, layer.weight, layer.bias)
     padded = -(-21 // tile) * tile
-    one_call = tiled_linear(x, layer.weight, layer.bias)
+    one_call = tiled_linear(probes, x, layer.weight, layer.bias)
     key = (_kernel_key(layer.weight, layer.bias), padded)
-    assert _ONE_CALL[key], "the one multiply of these rows disagrees with its tiles on this machine"
-    _ONE_CALL[key] = False
+    assert probes.one_call[key], "the one multiply of these rows disagrees with its tiles on this machine"
+    probes.one_call[key] = False
     try:
         with MultiplyCount() as count:
-            by_tiles = tiled_linear(x, layer.weight, layer.bias)
+            by_tiles = tiled_linear(probes, x, layer.weight, layer.bias)
     finally:
-        _ONE_CALL[key] = True
+        probes.one_call[key] = True
     assert count.calls == padded // tile
     assert torch.equal(by_tiles, one_call)
 

@@ -8,10 +8,10 @@ import psutil
 import pytest
 from filelock import FileLock
 
-from adafuse.config import ModelConfig
+from adafuse.config import ModelConfig, default_cache_dir
 from adafuse.ensemble import model_config
 from adafuse.errors import ConfigError, ModelFileError, UnknownNameError
-from adafuse.loading import converted_gguf_dir, default_cache_dir, gguf_parts, model_location
+from adafuse.loading import converted_gguf_dir, gguf_parts, model_location
 
 
 def test_missing_gguf_file_names_the_path(tmp_path):

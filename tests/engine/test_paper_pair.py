@@ -11,6 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from adafuse.cache import common_prefix
+from adafuse.engine import drive
 from tools import make_paper_pair
 from tools.paper_pair import NAMES
 
@@ -256,8 +257,8 @@ def test_a_leading_space_after_the_prompt_is_read_as_the_model_reads_it(paper_pa
     no cut-back into the prompt, and the same ids as encoding the whole text at once."""
     member = paper_pair.members[which]
     prompt = "Question: what is the capital of France?\nAnswer:"
-    member.start(prompt)
-    alignment = member.align(" Paris")
+    drive(member.start(prompt))
+    alignment = member.align("", " Paris")
     assert alignment.base == len(member.ids) and alignment.skip == 0
     whole = member.tokenizer(prompt + " Paris").input_ids
     assert member.ids + alignment.ids == whole

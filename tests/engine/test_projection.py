@@ -10,10 +10,13 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from adafuse import cores, projection
+from adafuse import projection
+from adafuse.backend import backend_for
 from adafuse.invariance import pad_to_tiles
 from adafuse.model import Member
 from adafuse.projection import BLOCK_ROWS, MIN_HIDDEN, block_output_projection
+
+PROBES = backend_for(torch.device("cpu")).probes
 
 
 class BlockCount:
@@ -69,11 +72,11 @@ def test_the_blocked_projection_gives_the_bits_of_one_multiply(tiny, index):
         with BlockCount(vocab) as count:
             got = head(x)
         rows = shape[0] * shape[1]
-        padded = pad_to_tiles(x.reshape(rows, hidden), head.weight[:BLOCK_ROWS], None)
+        padded = pad_to_tiles(PROBES, x.reshape(rows, hidden), head.weight[:BLOCK_ROWS], None)
         assert torch.equal(got.reshape(rows, vocab), F.linear(padded, head.weight, head.bias)[:rows]), shape
         assert (count.blocks, count.whole) == (count.per_multiply, 0), shape
         threads |= count.threads
-    if cores.can_share() and torch.get_num_threads() > 1:  # a core to spare: a kept thread took blocks
+    if PROBES.cores.can_share and torch.get_num_threads() > 1:  # a core to spare: a kept thread took blocks
         assert len(threads) == 2
 
 
@@ -107,7 +110,7 @@ class HeadOnly(torch.nn.Module):
 )
 def test_only_wide_float32_heads_are_blocked(dtype, hidden, blocked):
     model = HeadOnly(torch.nn.Linear(hidden, 2 * BLOCK_ROWS + 3, bias=False, dtype=dtype))
-    block_output_projection(model)
+    block_output_projection(model, PROBES)
     assert ("forward" in vars(model.lm_head)) == blocked
     x = torch.randn(3, hidden, dtype=dtype, generator=torch.Generator().manual_seed(3))
     model.lm_head(x)  # the first multiply of a row count probes its tiles (adafuse/invariance.py)
@@ -121,7 +124,7 @@ def test_only_wide_float32_heads_are_blocked(dtype, hidden, blocked):
     # each block multiplies in its own shape's row tiles: the two full blocks alike, the last 3 rows apart
     full = 2 * BLOCK_ROWS
     for part in (slice(0, full), slice(full, None)):
-        want = F.linear(pad_to_tiles(x, weight[part][:BLOCK_ROWS], None), weight[part])[:3]
+        want = F.linear(pad_to_tiles(PROBES, x, weight[part][:BLOCK_ROWS], None), weight[part])[:3]
         assert torch.equal(got[:, part], want)
 
 
@@ -130,7 +133,7 @@ def test_a_model_off_the_cpu_keeps_its_head(smol):
     config = AutoConfig.from_pretrained(smol.model.name_or_path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    block_output_projection(model)
+    block_output_projection(model, PROBES)
     assert not hasattr(model.get_output_embeddings(), "_adafuse_blocked")
     Member("meta", smol.tokenizer, model)  # nor does a member of it
     assert "forward" not in vars(model.get_output_embeddings())

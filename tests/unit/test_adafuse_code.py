@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from baselines.adafuse_code import Span, acceptable, build_pool, first_word, fuse, trim
+from baselines.adafuse_code import CodeSpan, acceptable, build_code_pool, first_word, fuse, trim
 from baselines.authors_rules import appended_text, generation_pred, loop_pred
 
 NQ_PROMPT = "Question: who sang it\nAnswer: Prince\n\nQuestion: when was the last time anyone was on the moon\nAnswer:"
@@ -87,15 +87,15 @@ def test_their_cut_keeps_only_the_markers_line_which_their_join_never_leaves():
 
 
 def test_the_pool_keeps_first_insertion_order_and_a_models_later_duplicate():
-    a, b, c = Span("Paris", [1], [-0.1]), Span("Paris", [2, 3], [-0.2, -0.3]), Span("Lyon", [4], [-1.0])
-    pool, own = build_pool([[a, b], [c, Span("Paris", [9], [-0.5])]])
+    a, b, c = CodeSpan("Paris", [1], [-0.1]), CodeSpan("Paris", [2, 3], [-0.2, -0.3]), CodeSpan("Lyon", [4], [-1.0])
+    pool, own = build_code_pool([[a, b], [c, CodeSpan("Paris", [9], [-0.5])]])
     assert [e.text for e in pool] == ["Paris", "Lyon"]
     assert pool[0].own_ids == [[2, 3], [9]] and pool[1].own_ids == [None, [4]]
     assert own["Paris"][0] is b
 
 
 def test_fusion_leaves_out_nan_scores_and_skips_an_entry_with_none():
-    pool, _ = build_pool([[Span("a", [1], [0.0])], [Span("b", [2], [0.0])]])
+    pool, _ = build_code_pool([[CodeSpan("a", [1], [0.0])], [CodeSpan("b", [2], [0.0])]])
     pool[0].scores, pool[1].scores = [1.0, None], [None, None]
     fuse(pool)
     assert pool[0].fused == 1.0 and pool[1].fused is None

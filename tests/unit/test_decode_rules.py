@@ -7,8 +7,9 @@ import torch
 
 from adafuse.cache import common_prefix
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
-from adafuse.decode import choose_winner, margin
+from adafuse.decode import margin
 from adafuse.errors import ConfigError, UnknownNameError
+from adafuse.pool import choose_winner
 from adafuse.registry import Registry
 from adafuse.stopping import cut_at_stop, settled_cut, stop_strings
 

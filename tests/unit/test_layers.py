@@ -1,4 +1,5 @@
-"""The layers of the tree: the engine (adafuse/) imports no layer above it, the installed packages never import
+"""The layers of the tree: the engine (adafuse/) imports no layer above it and no engine module one that imports
+it back, the installed packages never import
 the repository-only ones (tools/, oracles/, tests/), nothing imports a test module, no file edits sys.path,
 the runner stays above the engine's facade, and the methods reach the engine only through the
 `adafuse.methods` entry points."""
@@ -35,6 +36,26 @@ def relative(path) -> str:
 def test_the_engine_imports_no_layer_above_it(path):
     above = {"baselines", "eval", "conf", "scripts", "tools", "oracles", "tests", "run"}
     assert not {name for name in imported_modules(path) if name.split(".")[0] in above}
+
+
+def test_no_engine_module_imports_one_that_imports_it_back():
+    """The engine's imports, those inside functions and type-checking blocks included, form no cycle."""
+    modules = {f"adafuse.{path.stem}": path for path in (ROOT / "adafuse").glob("*.py") if path.stem != "__init__"}
+    graph = {name: {m for m in imported_modules(path) if m in modules} for name, path in modules.items()}
+    state: dict[str, str] = {}
+
+    def cycle_from(name: str, trail: list[str]) -> list[str] | None:
+        state[name] = "open"
+        for nxt in sorted(graph[name]):
+            if state.get(nxt) == "open":
+                return trail + [name, nxt]
+            if nxt not in state and (found := cycle_from(nxt, trail + [name])):
+                return found
+        state[name] = "done"
+        return None
+
+    cycles = [found for name in sorted(graph) if name not in state and (found := cycle_from(name, []))]
+    assert not cycles, " -> ".join(cycles[0])
 
 
 SHIPPED = ["adafuse", "baselines", "eval", "conf", "hydra_plugins"]  # pyproject's packages

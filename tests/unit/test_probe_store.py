@@ -1,6 +1,6 @@
-"""Kernel probe verdicts on disk (adafuse/probe_store.py): a second process in the same environment reads
-what the first probed and gets the same bits without probing; another environment, a damaged line, two
-verdicts for one key or a store that cannot be written each fall back to probing."""
+"""Kernel probe verdicts on disk (adafuse/probe_store.py, owned by adafuse/backend.py): a second process in the
+same environment reads what the first probed and gets the same bits without probing; another environment, a
+damaged line, two verdicts for one key or a store that cannot be written each fall back to probing."""
 
 import json
 import logging
@@ -11,30 +11,30 @@ import sys
 import pytest
 import torch
 
-from adafuse import probe_store
-from adafuse.probe_store import Verdicts, store_path
+from adafuse.probe_store import ProbeStore, Verdicts, store_path
 
 # One process multiplies rows of a fixed weight through the row tiles (adafuse/invariance.py), counting the
 # probe inputs it builds; with PROBE_FAILS set, building one raises, so every verdict must come from the store.
 MULTIPLY = """
 import json, os, sys, torch
 from adafuse import invariance
+from adafuse.backend import backend_for
 if os.environ.get("PROBE_FAILS"):
     def refuse(*args, **kwargs):
         raise AssertionError("probed although the store holds the verdict")
     invariance._probe_input = refuse
+probes = backend_for(torch.device("cpu")).probes
 weight = torch.randn(96, 320, generator=torch.Generator().manual_seed(0))
 x = torch.randn(9, 320, generator=torch.Generator().manual_seed(1))
-out = invariance.tiled_linear(x, weight)
-print(json.dumps({"tile": invariance.tile_rows(weight, None), "out": out.flatten().tolist()}))
+out = invariance.tiled_linear(probes, x, weight)
+print(json.dumps({"tile": invariance.tile_rows(probes, weight, None), "out": out.flatten().tolist()}))
 """
 
 
 @pytest.fixture
 def fresh_store(tmp_path, monkeypatch):
-    """This process's store in a folder of its own, not read yet."""
+    """A store in a folder of its own, as this process's environment names it."""
     monkeypatch.setenv("ADAFUSE_PROBE_STORE", str(tmp_path / "store"))
-    monkeypatch.setattr(probe_store, "_STATE", {})
     return tmp_path / "store"
 
 
@@ -60,10 +60,10 @@ def test_a_second_process_reads_the_verdicts_and_gets_the_same_bits(tmp_path):
 def test_verdicts_are_recorded_once_and_served_from_the_store(fresh_store):
     key = (torch.device("cpu"), torch.float32, (8, 4), (4, 1), False, 2)
     probes = []
-    assert Verdicts("one_call").get_or_probe(key, lambda: probes.append(1) or True) is True
-    probe_store._STATE.clear()  # as the next process: only the file remains
-    assert Verdicts("one_call").get_or_probe(key, lambda: probes.append(2) or False) is True
-    assert Verdicts("fewer_threads").get_or_probe(key, lambda: probes.append(3) or False) is False  # another table
+    assert Verdicts("one_call", ProbeStore.for_environment()).get_or_probe(key, lambda: probes.append(1) or True)
+    later = ProbeStore.for_environment()  # as the next process: only the file remains
+    assert Verdicts("one_call", later).get_or_probe(key, lambda: probes.append(2) or False) is True
+    assert Verdicts("fewer_threads", later).get_or_probe(key, lambda: probes.append(3) or False) is False
     assert probes == [1, 3]
 
 
@@ -84,7 +84,7 @@ def test_unreadable_lines_and_conflicting_verdicts_are_probed_again(fresh_store,
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"table": "one_call", "key": "' + "\n")
     probed = []
-    table = Verdicts("one_call")
+    table = Verdicts("one_call", ProbeStore.for_environment())
     with caplog.at_level(logging.WARNING, logger="adafuse.probe_store"):
         for key in (good, torn, twice):
             table.get_or_probe(key, lambda key=key: probed.append(key) or False)
@@ -95,8 +95,7 @@ def test_unreadable_lines_and_conflicting_verdicts_are_probed_again(fresh_store,
 def test_a_store_that_cannot_be_written_leaves_the_verdicts_to_the_process(tmp_path, monkeypatch, caplog):
     (tmp_path / "a_file").write_text("")
     monkeypatch.setenv("ADAFUSE_PROBE_STORE", str(tmp_path / "a_file" / "store"))  # a folder under a file
-    monkeypatch.setattr(probe_store, "_STATE", {})
-    table = Verdicts("one_call")
+    table = Verdicts("one_call", ProbeStore.for_environment())
     with caplog.at_level(logging.WARNING, logger="adafuse.probe_store"):
         assert table.get_or_probe(("k",), lambda: True) is True
         assert table.get_or_probe(("j",), lambda: False) is False
@@ -105,8 +104,7 @@ def test_a_store_that_cannot_be_written_leaves_the_verdicts_to_the_process(tmp_p
 
 def test_the_store_can_be_turned_off(tmp_path, monkeypatch):
     monkeypatch.setenv("ADAFUSE_PROBE_STORE", "off")
-    monkeypatch.setattr(probe_store, "_STATE", {})
     monkeypatch.setenv("ADAFUSE_CACHE", str(tmp_path))
     assert store_path() is None
-    assert Verdicts("one_call").get_or_probe(("k",), lambda: True) is True
+    assert Verdicts("one_call", ProbeStore.for_environment()).get_or_probe(("k",), lambda: True) is True
     assert not any(tmp_path.rglob("*.jsonl"))

@@ -1,46 +1,45 @@
 """How `propose_all` (adafuse/decode.py) steps the models' proposals while a round may still end early
-(spec §5, "early finish"): together, one step each, a settled model stepping on beside one that has not
-settled, never alone after it. The proposals are scripted (the texts their candidates have before each
-step); tests/engine/test_reference_agreement.py checks the real decoder's outputs against the reference."""
+(spec §5, "early finish"): together, one pass each per engine step, a settled model stepping on beside one
+that has not settled, never alone after it. The proposals are scripted (the texts their candidates have
+before each step, a `Settles` each, then the step's pass); tests/engine/test_reference_agreement.py checks
+the real decoder's outputs against the reference."""
 
 from types import SimpleNamespace
 
 import pytest
 
 from adafuse import decode
+from adafuse.completion import Settles
 from adafuse.decode import RoundEnd, propose_all
 
 
-def scripted(steps: list[list[str]], final: list[str], log: list[str], name: str):
+def scripted(steps: list[list[str]], final: list[str], name: str):
     """A proposal whose candidates' texts are steps[i] before step i and `final` once it has ended, reporting
-    to its own RoundEnd as `completing_words` does; each step it runs is logged as `name`."""
+    to its own RoundEnd as `complete_words` does; each step's pass is the request `name`."""
 
     def proposing(member, cfg, round_idx, ending):
         for texts in steps:
             cuts = [ending.cut(text, False) for text in texts]
-            yield ending.possible and None not in cuts and ending.agree(cuts)
-            log.append(name)
+            yield Settles(ending.possible and None not in cuts and ending.agree(cuts))
+            yield name
         return [SimpleNamespace(text=text) for text in final], name
 
     return proposing
 
 
 def run(monkeypatch, scripts: dict[str, tuple[list[list[str]], list[str]]]):
-    """propose_all over the scripted models, with a `together` that records which models stepped together."""
-    log: list[str] = []
-    proposals = {name: scripted(steps, final, log, name) for name, (steps, final) in scripts.items()}
+    """propose_all over the scripted models, run as the engine runs it: the passes of each engine step, by model."""
+    proposals = {name: scripted(steps, final, name) for name, (steps, final) in scripts.items()}
     monkeypatch.setattr(decode, "proposing", lambda m, cfg, round_idx, ending: proposals[m](m, cfg, round_idx, ending))
-    rounds: list[list[str]] = []
-
-    def together(tasks):
-        before = len(log)
-        results = [task() for task in tasks]
-        rounds.append(sorted(log[before:]))
-        return results
-
     ending = RoundEnd("", ("\n",))
-    results = propose_all(list(scripts), None, 0, ending, together)
-    return ending, results, [r for r in rounds if r]
+    program, steps, answer = propose_all(list(scripts), None, 0, ending), [], None
+    while True:
+        try:
+            asked = program.send(answer)
+        except StopIteration as done:
+            return ending, done.value, steps
+        steps.append(sorted(asked))
+        answer = [None] * len(asked)
 
 
 def test_a_settled_model_steps_on_beside_one_that_has_not_and_both_stop_when_all_settle(monkeypatch):
@@ -70,7 +69,7 @@ def test_when_the_round_cannot_end_early_the_settled_model_has_already_stepped_o
     assert not ending.settled and not ending.possible
     assert [r[1] for r in results] == ["a", "b"]  # both proposals ran to their end
     # a's steps ran beside b's while b proposed, and only the rest after b had ended
-    assert rounds == [["a", "b"], ["a", "b"], ["a", "a"]]
+    assert rounds == [["a", "b"], ["a", "b"], ["a"], ["a"]]
 
 
 @pytest.mark.parametrize("b_final, settles", [([" Paris\nX"], True), ([" Paris!"], False)])

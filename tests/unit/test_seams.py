@@ -12,9 +12,9 @@ from adafuse.session import Session
 
 ROOT = Path(__file__).resolve().parents[2]
 SESSION = ROOT / "adafuse" / "session.py"
-# Where a tokenizer is held: the Member wraps it and loading makes it (the slow references in oracles/,
-# which check the Member against the tokenizer itself, are outside the scanned folders).
-TOKENIZER_HOLDERS = {"adafuse/model.py", "adafuse/loading.py"}
+# Where a tokenizer is held: a model's tokenisation wraps it, the Member shows it, loading makes it (the slow
+# references in oracles/, which check the Member against the tokenizer itself, are outside the scanned folders).
+TOKENIZER_HOLDERS = {"adafuse/tokenisation.py", "adafuse/model.py", "adafuse/loading.py"}
 
 
 def python_files(*folders: str) -> list[Path]:

@@ -1,0 +1,185 @@
+"""The engine loop: every example in flight is a program (adafuse/passes.py) suspended at the passes it waits
+on; one step plans and runs them all, then advances each example. One thread, no locks, deterministic.
+
+As vLLM's `EngineCore.step()`: the planner (adafuse/planner.py) turns what every example waits on into passes,
+the executor (adafuse/executor.py) runs them, and each example gets its results and runs on to its next
+request, or finishes. A method stays per-example code in the order of its paper; batching across examples
+needs nothing from it.
+
+- Slots. `batch_size` slots, each a set of member clones (`Member.clone`: the same weights and tokenisation,
+  a context of its own). An example runs in a slot; a finished example's slot takes the next one at the start
+  of the next step (continuous batching), so its prompt is read beside the others' steps.
+- Order. A request's place in a pass's row order is its slot, then its place among its example's requests,
+  so which rows meet and where each sits, and so every float, never depend on anything but the examples.
+  Examples that finish in the same step are handed back in slot order.
+- Endings. An example that fails ends the run: `close` closes every program in flight (its cleanup runs,
+  nothing is left waiting) and the error is raised; so does a caller that stops iterating `decode_many`.
+
+The unbatched API is the same loop with one example in flight (`drive`).
+"""
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from adafuse.executor import Executor
+from adafuse.passes import Program
+
+DEFAULT_BATCH_SIZE = 8  # examples in flight; the runner's and the Python API's default (docs/speed.md)
+# A request's place in row order: slot * PLACES + its index among its example's requests of the step.
+PLACES = 1 << 16
+
+
+@dataclass
+class Slot:
+    index: int
+    members: list  # this slot's member clones (None where the ensemble has no model loaded)
+    key: Any = None
+    program: Program | None = None
+    asked: list = field(default_factory=list)  # the requests its program waits on
+    listed: bool = False  # it asked with a list (answered with a list)
+
+
+class Engine:
+    """Examples in flight, stepped together. `submit` queues an example; each `step` admits queued examples
+    into free slots, runs one round of passes for everything in flight, and returns what finished."""
+
+    def __init__(
+        self,
+        members: list,
+        make: Callable[[list, Any], Program],
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        executor: Executor | None = None,
+    ):
+        """`make(slot_members, item)` is an example's program over a slot's member clones."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.make = make
+        self.executor = executor or Executor()
+        self.slots = [Slot(i, [None if m is None else m.clone() for m in members]) for i in range(batch_size)]
+        self.queue: deque = deque()  # (key, item) waiting for a slot
+
+    @property
+    def in_flight(self) -> int:
+        return sum(slot.program is not None for slot in self.slots)
+
+    @property
+    def busy(self) -> bool:
+        """Is anything in flight or queued?"""
+        return bool(self.queue) or self.in_flight > 0
+
+    @property
+    def has_room(self) -> bool:
+        """Would an example submitted now start at the next step?"""
+        return len(self.queue) + self.in_flight < len(self.slots)
+
+    def submit(self, key, item) -> None:
+        """Queue an example: `make(slot_members, item)` runs in the first free slot; `step` returns (key, result)."""
+        self.queue.append((key, item))
+
+    def cancel(self, key) -> bool:
+        """Drop the example `key` (queued or in flight) without a result; False if it is not here."""
+        for i, (queued, _) in enumerate(self.queue):
+            if queued == key:
+                del self.queue[i]
+                return True
+        for slot in self.slots:
+            if slot.program is not None and slot.key == key:
+                self._free(slot)
+                return True
+        return False
+
+    def step(self) -> list[tuple[Any, Any]]:
+        """Admit queued examples, run every pass the examples in flight wait on, advance them: (key, result)
+        of each example that finished, in slot order."""
+        finished: list[tuple[int, Any, Any]] = []
+        for slot in self.slots:
+            if slot.program is None and self.queue:
+                slot.key, item = self.queue.popleft()
+                slot.program = self.make(slot.members, item)
+                self._advance(slot, None, finished)
+        waiting = [slot for slot in self.slots if slot.program is not None]
+        requests = [(slot.index * PLACES + j, r) for slot in waiting for j, r in enumerate(slot.asked)]
+        results = self.executor.run(requests) if requests else []
+        at = 0
+        for slot in waiting:
+            mine = results[at : at + len(slot.asked)]
+            at += len(slot.asked)
+            self._advance(slot, mine if slot.listed else mine[0], finished)
+        return [(key, result) for _, key, result in sorted(finished, key=lambda f: f[0])]
+
+    def _advance(self, slot: Slot, value, finished: list) -> None:
+        """Send the program its results and run it to its next requests (an empty list is answered at once)."""
+        while True:
+            try:
+                asked = slot.program.send(value)
+            except StopIteration as done:
+                finished.append((slot.index, slot.key, done.value))
+                self._free(slot)
+                return
+            slot.listed = isinstance(asked, list)
+            slot.asked = asked if slot.listed else [asked]
+            if slot.asked:
+                return
+            value = []
+
+    def _free(self, slot: Slot) -> None:
+        if slot.program is not None:
+            slot.program.close()
+        slot.program, slot.key, slot.asked = None, None, []
+        for member in filter(None, slot.members):
+            member.release()
+
+    def close(self) -> None:
+        """End the run: every program in flight is closed, the queue emptied, the resident caches dropped."""
+        self.queue.clear()
+        for slot in self.slots:
+            self._free(slot)
+        self.executor.close()
+
+
+def decode_many(
+    members: list,
+    items: Iterable,
+    make: Callable[[list, Any], Program],
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    executor: Executor | None = None,
+) -> Iterator[tuple[Any, Any]]:
+    """Decode `items` with up to `batch_size` in flight: (item, result of `make(slot_members, item)`) as each
+    finishes. An item is taken from `items` only when a slot is free for it. An example that fails ends the
+    run and its error is raised here; a caller that stops iterating ends it too; either way no program is
+    left in flight."""
+    engine = Engine(members, make, batch_size, executor)
+    source = iter(items)
+    try:
+        while True:
+            while engine.has_room and (item := next(source, _END)) is not _END:
+                engine.submit(item, item)
+            if not engine.busy:
+                return
+            yield from engine.step()
+    finally:
+        engine.close()
+
+
+def drive(program: Program, executor: Executor | None = None):
+    """Run one program to its end, its passes run as they come (one example in flight): its result."""
+    executor = executor or Executor()
+    value = None
+    try:
+        while True:
+            try:
+                asked = program.send(value)
+            except StopIteration as done:
+                return done.value
+            listed = isinstance(asked, list)
+            requests = asked if listed else [asked]
+            results = executor.run(list(enumerate(requests))) if requests else []
+            value = results if listed else results[0]
+    finally:
+        program.close()
+        executor.close()
+
+
+_END = object()

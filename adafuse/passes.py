@@ -1,0 +1,87 @@
+"""The forward passes a decoder asks for, as data, and how a decoder asks for several at once.
+
+A method is per-example code in the order of its paper, written as a generator: where it needs a forward
+pass it yields a request and receives the pass's result, `logits = yield Forward(...)`; helpers pass them on
+with `yield from`. It never runs a model itself. The engine (adafuse/engine.py) collects what every example
+in flight waits on, plans the passes, runs them (adafuse/executor.py) and hands each example its results.
+
+A program may yield one request or a list of them; a list is answered with the list of their results, in
+order. "Both models at once" is one list: `together` runs several programs in lockstep, so that an example's
+members ask for their passes in the same engine step, where different models' passes can run side by side
+and each model's requests meet the other examples' in one merged pass.
+"""
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+Program = Generator[Any, Any, Any]  # yields Forward / ReadPrompt (or lists of them), returns its result
+
+
+@dataclass(eq=False)
+class Forward:
+    """Read `input_ids` (rows, width) after `cache` (which grows by them) with `member`'s weights: the logits
+    in float32, (rows, width, vocab); with `lengths` (row i's real ids, the rest right padding, never
+    computed) packed, (sum(lengths), vocab); with `last_only`, the last position's alone. With `logprobs`,
+    the member's log-softmax of them (its control tokens masked where its context masks them)."""
+
+    member: Any  # adafuse.model.Member
+    cache: Any  # transformers' DynamicCache
+    input_ids: torch.Tensor
+    last_only: bool = False
+    lengths: list[int] | None = None
+    logprobs: bool = False
+
+    @property
+    def rows(self) -> int:
+        return self.input_ids.shape[0]
+
+
+@dataclass(eq=False)
+class ReadPrompt:
+    """Read a prompt's `ids` from nothing with `member`'s weights, its first `shared` ids (its declared shared
+    prefix) as a stored prefix (adafuse/model.py `Member.prompt_reading`): the cache that then holds all of
+    them, and the last position's logits, (1, 1, vocab)."""
+
+    member: Any
+    ids: list[int]
+    shared: int = 0
+
+    @property
+    def rows(self) -> int:
+        return 1
+
+
+def together(programs: list[Program]) -> Program:
+    """Run the programs in lockstep and return their results in order: each step yields, as one list, the
+    next requests of every program not yet finished (in program order), and hands each its own results. A
+    program that fails ends the others (closed, nothing left waiting) and its error is raised."""
+    results: list[Any] = [None] * len(programs)
+    waiting: dict[int, tuple[list, bool]] = {}  # program -> (its requests, whether it yielded a list)
+
+    def advance(i: int, value) -> None:
+        try:
+            asked = programs[i].send(value)
+        except StopIteration as done:
+            results[i] = done.value
+            return
+        waiting[i] = (asked, True) if isinstance(asked, list) else ([asked], False)
+
+    try:
+        for i in range(len(programs)):
+            advance(i, None)
+        while waiting:
+            order = sorted(waiting)
+            answers = yield [request for i in order for request in waiting[i][0]]
+            at = 0
+            for i in order:
+                asked, listed = waiting.pop(i)
+                mine = answers[at : at + len(asked)]
+                at += len(asked)
+                advance(i, mine if listed else mine[0])
+    finally:
+        for program in programs:
+            program.close()
+    return results

@@ -1,0 +1,130 @@
+"""The engine loop (adafuse/engine.py) and `together` (adafuse/passes.py) on scripted programs: what each step
+asks the executor for, in which row order, what every program gets back, and how a run ends. No model: the
+executor here answers each request with its own name and counts its steps; tests/engine/ runs real ones."""
+
+import pytest
+
+from adafuse.engine import PLACES, Engine, decode_many, drive
+from adafuse.passes import together
+
+
+class Recording:
+    """An executor that answers every request with (request, step) and records each step's (place, request)s."""
+
+    def __init__(self):
+        self.steps: list[list[tuple[int, str]]] = []
+        self.closed = False
+
+    def run(self, requests):
+        self.steps.append(list(requests))
+        return [(request, len(self.steps)) for _, request in requests]
+
+    def close(self):
+        self.closed = True
+
+
+class Clone:
+    def __init__(self):
+        self.released = 0
+
+    def clone(self):
+        return Clone()
+
+    def release(self):
+        self.released += 1
+
+
+def asks(name: str, times: int, log: list | None = None):
+    """A program that asks for `times` passes named name:0, name:1, ... and returns what it got."""
+    got = []
+    try:
+        for i in range(times):
+            got.append((yield f"{name}:{i}"))
+    finally:
+        if log is not None:
+            log.append(name)
+    return got
+
+
+def test_together_asks_for_every_program_s_next_pass_in_one_step_and_returns_in_order():
+    executor = Recording()
+    got = drive(together([asks("a", 2), asks("b", 3), asks("c", 0)]), executor)
+    assert [[r for _, r in step] for step in executor.steps] == [["a:0", "b:0"], ["a:1", "b:1"], ["b:2"]]
+    assert got == [[("a:0", 1), ("a:1", 2)], [("b:0", 1), ("b:1", 2), ("b:2", 3)], []]
+    assert executor.closed
+
+
+def test_a_program_that_asks_with_a_list_gets_a_list_and_one_that_asks_for_one_gets_one():
+    def both():
+        first = yield ["x", "y"]
+        second = yield "z"
+        empty = yield []  # answered at once, without a pass
+        return first, second, empty
+
+    executor = Recording()
+    assert drive(both(), executor) == ([("x", 1), ("y", 1)], ("z", 2), [])
+    assert len(executor.steps) == 2
+
+
+def test_a_failing_program_in_together_closes_the_others_and_its_error_is_raised():
+    closed = []
+
+    def failing():
+        yield "f:0"
+        raise ValueError("this program fails")
+
+    with pytest.raises(ValueError, match="this program fails"):
+        drive(together([asks("a", 5, closed), failing(), asks("b", 5, closed)]), Recording())
+    assert sorted(closed) == ["a", "b"]  # their cleanup ran: nothing is left waiting
+
+
+def test_examples_step_together_in_slot_order_and_slots_are_refilled_at_the_next_step():
+    executor, members = Recording(), [Clone(), None]
+    lengths = {"p": 1, "q": 3, "r": 2}
+    done = list(decode_many(members, list(lengths), lambda slot, name: asks(name, lengths[name]), 2, executor))
+    assert [key for key, _ in done] == ["p", "r", "q"]  # r and q end in the same step: in slot order
+    # step 1: p and q; p finishes, so r takes slot 0 at step 2, beside q
+    assert executor.steps[0] == [(0, "p:0"), (PLACES, "q:0")]
+    assert executor.steps[1] == [(0, "r:0"), (PLACES + 0, "q:1")]
+    assert executor.closed
+
+
+def test_a_failing_example_ends_the_run_closing_every_program_in_flight():
+    closed = []
+
+    def make(slot, name):
+        if name == "bad":
+            return iter_failing()
+        return asks(name, 10, closed)
+
+    def iter_failing():
+        yield "bad:0"
+        raise RuntimeError("example failed")
+
+    with pytest.raises(RuntimeError, match="example failed"):
+        list(decode_many([Clone()], ["a", "bad", "b"], make, 3, Recording()))
+    assert sorted(closed) == ["a", "b"]
+
+
+def test_a_caller_that_stops_iterating_closes_every_program_in_flight():
+    closed, members = [], [Clone()]
+    stream = decode_many(
+        members, ["short", "long"], lambda slot, name: asks(name, 1 if name == "short" else 9, closed), 2, Recording()
+    )
+    assert next(stream)[0] == "short"
+    stream.close()
+    assert sorted(closed) == ["long", "short"]
+
+
+def test_a_cancelled_example_is_closed_and_its_slot_taken_by_the_next():
+    closed = []
+    engine = Engine([Clone()], lambda slot, name: asks(name, 3, closed), batch_size=1, executor=Recording())
+    engine.submit("a", "a")
+    engine.submit("b", "b")
+    engine.step()
+    assert engine.cancel("a") and closed == ["a"] and engine.cancel("missing") is False
+    finished = []
+    while engine.busy:
+        finished += engine.step()
+    assert [key for key, _ in finished] == ["b"]
+    assert engine.slots[0].members[0].released == 2  # after each example, its slot's context is dropped
