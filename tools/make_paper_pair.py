@@ -37,6 +37,8 @@ What is real and what is not:
   others, and both kinds of AdaFuse round occur. The rows of the output projection for reserved
   tokens that no chat template uses (Llama's <|reserved_special_token_N|>, Mistral's [control_N])
   are zero, as such rows are untrained in the real models, so those tokens never win.
+  `write_model_files` (configs and tokenizer at any sizes) and `random_model` (these weights, built on any
+  device) also serve tools/gpu_full.py: the pair at its real sizes, in a GPU's memory.
 - Chat templates: not included. Neither package ships the hub's Jinja template (llama-models has
   the Llama 3.1 format in Python and Markdown only; mistral-common builds requests in Python), and
   the paper's prompts are plain few-shot text (chat_template: false). A member configured with
