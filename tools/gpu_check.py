@@ -2,6 +2,7 @@
 
     python -m tools.gpu_check              # results/bench/gpu_check.json
     python -m tools.gpu_check --dry-run    # on a CPU: every step at its smallest, to check the script
+    python -m tools.gpu_check --full       # the paper's pair at its real sizes instead (tools/gpu_full.py)
 
 1. The reference-agreement tests on the device (pytest: the fast decoder against the cache-free
    reference; batch invariance and single == generate() on the paper-shaped pair).
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,6 +42,7 @@ from adafuse.executor import Executor
 from adafuse.methods import METHODS
 from tools import make_paper_pair
 from tools.bench_decode import compare_exact_batching, task_requests
+from tools.paths import SHARED_DATA
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -151,36 +154,62 @@ def bench_sections(out: Path, dry_run: bool, seconds: float) -> dict:
     return sections
 
 
+class StepRecord:
+    """A check's JSON, written again as each step ends, so that a check stopped at any point keeps every
+    step that ended. Steps share one deadline: a step with no time left is skipped and says so."""
+
+    def __init__(self, out: Path, seconds: float, record: dict):
+        self.out, self.deadline, self.record = out, time.perf_counter() + seconds, record
+        out.parent.mkdir(parents=True, exist_ok=True)
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def step(self, name: str, run: Callable[[float], dict]) -> dict:
+        """Record `run(seconds left)` under `name`, with the seconds it took."""
+        started, left = time.perf_counter(), self.left()
+        try:
+            result = run(left) if left > 0 else {"skipped": "out of time"}
+        except Exception as err:  # a step that fails is recorded; the others still run
+            result = {"error": f"{type(err).__name__}: {err}"}
+        result["seconds"] = time.perf_counter() - started
+        self.put(name, result)
+        print(f"{name}: {result['seconds']:.0f} s", flush=True)
+        return result
+
+    def put(self, name: str, result: dict) -> None:
+        self.record[name] = result
+        self.out.write_text(json.dumps(self.record, indent=2) + "\n")
+
+
 def main() -> None:
+    from tools import gpu_full  # which imports this module's StepRecord
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="every step at its smallest, on any device")
+    parser.add_argument("--full", action="store_true", help="the paper's pair at its real sizes (tools/gpu_full.py)")
     parser.add_argument("--limit", type=float, help="seconds for the whole check (480; a dry run: 3600)")
-    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
-    parser.add_argument("--out", type=Path, default=ROOT / "results/bench/gpu_check.json")
+    parser.add_argument("--data-dir", type=Path, default=SHARED_DATA)
+    parser.add_argument("--out", type=Path, help="the JSON (results/bench/gpu_check.json; --full: gpu_full.json)")
+    parser.add_argument("--prompts", type=int, help=f"--full: NQ prompts ({gpu_full.PROMPTS}; a dry run: fewer)")
+    parser.add_argument("--budget", type=int, help=f"--full: new tokens per prompt ({gpu_full.BUDGET})")
     args = parser.parse_args()
     if not args.dry_run and not torch.cuda.is_available():
         sys.exit("no CUDA GPU here: run on a GPU machine, or use --dry-run to check the script")
-    deadline = time.perf_counter() + (args.limit or (3600.0 if args.dry_run else 480.0))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"environment": environment(), "dry_run": args.dry_run}
-
-    def step(name, run):
-        left = deadline - time.perf_counter()
-        started = time.perf_counter()
-        try:
-            record[name] = run(left) if left > 0 else {"skipped": "out of time"}
-        except Exception as err:  # a step that fails or runs out of time is recorded; the others still run
-            record[name] = {"error": f"{type(err).__name__}: {err}"}
-        record[name]["seconds"] = time.perf_counter() - started
-        args.out.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"{name}: {time.perf_counter() - started:.0f} s", flush=True)
-
-    step("reference_tests", lambda left: reference_tests(args.out, args.dry_run, left))
+    if args.full:
+        out = args.out or ROOT / "results/bench/gpu_full.json"
+        gpu_full.check(out, args.data_dir, args.dry_run, args.limit, args.prompts, args.budget)
+        print(f"written to {out}")
+        return
+    out = args.out or ROOT / "results/bench/gpu_check.json"
+    record = StepRecord(out, args.limit or (3600.0 if args.dry_run else 480.0), {"environment": environment()})
+    record.record["dry_run"] = args.dry_run
+    record.step("reference_tests", lambda left: reference_tests(out, args.dry_run, left))
     prompts, budget = (2, 4) if args.dry_run else (24, 32)
-    step("shaped_pair_bf16", lambda left: shaped_pair_batching(prompts, budget, args.data_dir))
-    step("exact_batching", lambda left: exact_batching(4 if args.dry_run else 48, args.data_dir))
-    step("bench_decode", lambda left: bench_sections(args.out, args.dry_run, left))
-    print(f"written to {args.out}")
+    record.step("shaped_pair_bf16", lambda left: shaped_pair_batching(prompts, budget, args.data_dir))
+    record.step("exact_batching", lambda left: exact_batching(4 if args.dry_run else 48, args.data_dir))
+    record.step("bench_decode", lambda left: bench_sections(out, args.dry_run, left))
+    print(f"written to {out}")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ What is real and what is not:
   others, and both kinds of AdaFuse round occur. The rows of the output projection for reserved
   tokens that no chat template uses (Llama's <|reserved_special_token_N|>, Mistral's [control_N])
   are zero, as such rows are untrained in the real models, so those tokens never win.
+  `write_model_files` (configs and tokenizer at any sizes) and `random_model` (these weights, built on any
+  device) also serve tools/gpu_full.py: the pair at its real sizes, in a GPU's memory.
 - Chat templates: not included. Neither package ships the hub's Jinja template (llama-models has
   the Llama 3.1 format in Python and Markdown only; mistral-common builds requests in Python), and
   the paper's prompts are plain few-shot text (chat_template: false). A member configured with
@@ -232,7 +234,7 @@ def llama31_tokenizer(out: Path) -> None:
     _write_json(out / "special_tokens_map.json", _special_map(bos_token=bos, eos_token="<|eot_id|>"))
 
 
-def llama31_config() -> tuple[dict, dict]:
+def llama31_config(sizes: dict = TINY) -> tuple[dict, dict]:
     config = {
         "architectures": ["LlamaForCausalLM"],
         "attention_bias": False,
@@ -240,7 +242,7 @@ def llama31_config() -> tuple[dict, dict]:
         "bos_token_id": 128000,
         "eos_token_id": [128001, 128008, 128009],
         "hidden_act": "silu",
-        **TINY,
+        **sizes,
         "initializer_range": 0.02,
         "max_position_embeddings": 131072,
         "mlp_bias": False,
@@ -327,14 +329,14 @@ def mistral03_tokenizer(out: Path) -> None:
     (out / "tokenizer.json").write_text(json.dumps(tokenizer_json, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
-def mistral03_config() -> tuple[dict, dict]:
+def mistral03_config(sizes: dict = TINY) -> tuple[dict, dict]:
     config = {
         "architectures": ["MistralForCausalLM"],
         "attention_dropout": 0.0,
         "bos_token_id": 1,
         "eos_token_id": 2,
         "hidden_act": "silu",
-        **TINY,
+        **sizes,
         "initializer_range": 0.02,
         "max_position_embeddings": 32768,
         "model_type": "mistral",
@@ -361,19 +363,19 @@ def qwen3_tokenizer(out: Path) -> None:
         shutil.copyfile(source(f"qwen3_{name}"), out / name)
 
 
-def qwen3_config() -> tuple[dict, dict]:
+def qwen3_config(sizes: dict = TINY) -> tuple[dict, dict]:
     config = {
         "architectures": ["Qwen3ForCausalLM"],
         "attention_bias": False,
         "attention_dropout": 0.0,
         "bos_token_id": 151643,
         "eos_token_id": 151645,
-        "head_dim": TINY["hidden_size"] // TINY["num_attention_heads"],
+        "head_dim": sizes["hidden_size"] // sizes["num_attention_heads"],
         "hidden_act": "silu",
-        **TINY,
+        **sizes,
         "initializer_range": 0.02,
         "max_position_embeddings": 40960,
-        "max_window_layers": TINY["num_hidden_layers"],
+        "max_window_layers": sizes["num_hidden_layers"],
         "model_type": "qwen3",
         "rms_norm_eps": 1e-06,
         "rope_scaling": None,
@@ -425,22 +427,43 @@ SHAPES = {
 DEFAULT = ("llama31_8b_instruct", "mistral7b_instruct_v03")  # the paper's main pair
 
 
-def write_weights(out: Path, name: str) -> None:
-    """Seeded random weights in bfloat16; the output projection scaled to logits of std LOGIT_STD."""
+def write_model_files(out: Path, name: str, sizes: dict = TINY) -> None:
+    """Everything of the model's directory but its weights: the hub's configs at `sizes`, and the tokenizer."""
+    shape = SHAPES[name]
+    config, generation = shape["config"](sizes)
+    _write_json(out / "config.json", config)
+    _write_json(out / "generation_config.json", generation)
+    shape["tokenizer"](out)
+
+
+def random_model(path: Path, name: str, device="cpu", dtype=None):
+    """The model of the directory `path` (`write_model_files`) with seeded random weights, built on `device`
+    in `dtype` (default float32); its output projection scaled to logits of std LOGIT_STD and its reserved
+    tokens' rows zeroed."""
     import torch
-    from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(out)
+    config = AutoConfig.from_pretrained(path)
     torch.manual_seed(SEED[name])
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    hidden = config.hidden_size
-    generator = torch.Generator().manual_seed(SEED[name])
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+    weight = model.lm_head.weight
+    generator = torch.Generator(weight.device).manual_seed(SEED[name])
     with torch.no_grad():
         # After the final RMSNorm the hidden state has unit RMS, so logit = w . h has std |w| ~ std * sqrt(hidden).
-        head = torch.randn(model.lm_head.weight.shape, generator=generator) * (LOGIT_STD[name] / hidden**0.5)
+        head = torch.randn(weight.shape, generator=generator, device=weight.device)
+        head *= LOGIT_STD[name] / config.hidden_size**0.5
         head[SHAPES[name]["reserved"]] = 0.0
-        model.lm_head.weight.copy_(head)
+        weight.copy_(head)
+    return model.eval()
+
+
+def write_weights(out: Path, name: str) -> None:
+    """Seeded random weights (`random_model`), saved in bfloat16 as the hub's are."""
+    import torch
+    from safetensors.torch import save_file
+
+    model = random_model(out, name)
     state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
 
@@ -483,11 +506,7 @@ def build(name: str, out: Path) -> Path:
     target = out / name
     work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out))
     try:
-        shape = SHAPES[name]
-        config, generation = shape["config"]()
-        _write_json(work / "config.json", config)
-        _write_json(work / "generation_config.json", generation)
-        shape["tokenizer"](work)
+        write_model_files(work, name)
         write_weights(work, name)
         describe(work, name)
         if target.exists():

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Gather into gpu_package/ (git-ignored) what `python -m tools.gpu_check --full` needs on a bare GPU machine
+# without network, beside this checkout: the wheels its image lacks, the two tokenizer files that
+# tools/make_paper_pair.py converts, the NQ files the prompts are made of, and run.sh, the one command to
+# run there from the checkout's root (docs/speed.md):
+#
+#   bash tools/gpu_package.sh [DATA_DIR]      # here, with network to PyPI; DATA_DIR: ../shared/data by default
+#   bash gpu_package/run.sh [--out FILE]      # there: results/bench/gpu_full.json by default
+#
+# The image (docs/speed.md): Python 3.12, torch 2.11 + CUDA 13, transformers 5.17, accelerate, tokenizers,
+# safetensors, sentencepiece, protobuf, psutil, sacrebleu, pandas, numpy. Each wheel is the version this
+# checkout's venv runs (its tests ran on them), for CPython 3.12 on x86-64 Linux.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+DATA=${1:-${ADAFUSE_SHARED_DATA:-../shared/data}}
+PACKAGE=gpu_package
+LIMIT_MIB=60
+# transformers >= 5.23 and what its requirements need beyond the image (each wheel's Requires-Dist:
+# huggingface-hub 2.4 needs click >= 8.4.2, hf-xet >= 1.6 and httpx2; httpx2 needs httpcore2, idna >= 3.18
+# and truststore; transformers needs kernels 0.19, which needs tomlkit); the Hydra config the prompts
+# are composed with, and the submitit launcher that this project's Hydra plugins import when Hydra scans them
+# (it imports submitit only to launch); word2number (eval/paper_metrics.py, imported with the tasks)
+WHEELS=(transformers huggingface-hub httpx2 httpcore2 click hf-xet kernels truststore tomlkit idna hydra-core omegaconf
+    hydra-submitit-launcher)
+SDISTS=(antlr4-python3-runtime word2number) # PyPI has only their sources: built into wheels here
+
+rm -rf "$PACKAGE"
+mkdir -p "$PACKAGE/wheels" "$PACKAGE/tokenizer_sources" "$PACKAGE/data"
+pinned() { "$PY" -c 'import sys; from importlib.metadata import version; print(*(f"{n}=={version(n)}" for n in sys.argv[1:]))' "$@"; }
+python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$PACKAGE/wheels" $(pinned "${WHEELS[@]}")
+python3 -m pip wheel --quiet --no-deps -w "$PACKAGE/wheels" $(pinned "${SDISTS[@]}")
+# The project itself: its entry points register the methods (adafuse/methods.py); the code run is the checkout's.
+python3 -m pip wheel --quiet --no-deps -w "$PACKAGE/wheels" .
+# llama-models' and mistral-common's tokenizer files alone, where make_paper_pair.source() looks for them
+# (each checked against its pinned sha256 here, and again there), not the packages (13 MB).
+"$PY" - "$PACKAGE/tokenizer_sources" <<'EOF'
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+from tools import make_paper_pair
+
+for name in ("llama3_tiktoken", "mistral_v3_spm"):
+    package = make_paper_pair.SOURCES[name][0]
+    path = make_paper_pair.source(name)
+    inside = path.relative_to(importlib.util.find_spec(package).submodule_search_locations[0])
+    (Path(sys.argv[1]) / package / inside).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, Path(sys.argv[1]) / package / inside)
+EOF
+cp -r --no-preserve=mode "$DATA/nq_open" "$PACKAGE/data/" # conf/task/nq.yaml's local files: the questions and the exemplars' pool
+cat >"$PACKAGE/run.sh" <<'EOF'
+#!/usr/bin/env bash
+# On the GPU machine, from the checkout's root (no network): the wheels beside the image's packages, then
+# the full GPU check. Arguments go to tools/gpu_check.py (--out FILE, --limit SECONDS, --prompts N, --budget N).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SITE=${SITE:-/tmp/site} # where the wheels go: beside the image's packages, before them on the path
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" gpu_package/wheels/*.whl
+export PYTHONPATH=$SITE:$PWD/gpu_package/tokenizer_sources${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+python3 -m tools.gpu_check --full --data-dir gpu_package/data "$@"
+EOF
+du -sh "$PACKAGE"/*
+size=$(du -sm "$PACKAGE" | cut -f1)
+echo "$PACKAGE: $size MiB (at most $LIMIT_MIB; the machine takes 64 MiB with the checkout)"
+if [ "$size" -ge "$LIMIT_MIB" ]; then
+    echo "$PACKAGE is $size MiB: over the $LIMIT_MIB MiB it must fit in" >&2
+    exit 1
+fi
