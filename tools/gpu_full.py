@@ -37,6 +37,8 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig, StoppingCriteriaList, StopStringCriteria
 
 from adafuse import Ensemble, Request
+from adafuse.backend import backend_for
+from adafuse.model import Member
 from tools import make_paper_pair
 from tools.bench_decode import task_requests
 from tools.gpu_check import StepRecord, environment
@@ -208,9 +210,7 @@ def warm_up(ensemble: Ensemble, requests: list[Request], device: str) -> dict:
 
 
 def ensemble_of(pair: dict[str, tuple]) -> Ensemble:
-    """The engine's ensemble over models in memory; each member installs its row tiles on its model."""
-    from adafuse.model import Member
-
+    """The engine's ensemble over models in memory; the first member of a model installs the backend on it."""
     return Ensemble([Member(name, tokenizer, model) for name, (tokenizer, model) in pair.items()])
 
 
@@ -237,7 +237,7 @@ def decode_run(ensemble: Ensemble, requests, device, method, batch_size, exact, 
 def probe_verdicts(device: str, shapes: set[tuple[int, int]]) -> dict:
     """Per bfloat16 weight shape (out x in) on `device`: the rows of its tile, and per padded row count
     whether one multiply gives every tile's bits (adafuse/invariance.py); a shape never multiplied is absent."""
-    from adafuse.invariance import _ONE_CALL, _TILE_ROWS
+    probes = backend_for(torch.device(device)).probes
 
     def ours(key: tuple) -> str | None:
         where, dtype, shape = key[:3]
@@ -245,8 +245,8 @@ def probe_verdicts(device: str, shapes: set[tuple[int, int]]) -> dict:
             return "x".join(map(str, shape))
         return None
 
-    verdicts = {ours(key): {"tile_rows": rows, "one_call": {}} for key, rows in _TILE_ROWS.items() if ours(key)}
-    for (key, rows), whole in sorted(_ONE_CALL.items(), key=lambda item: item[0][1]):
+    verdicts = {ours(key): {"tile_rows": rows, "one_call": {}} for key, rows in probes.tile_rows.items() if ours(key)}
+    for (key, rows), whole in sorted(probes.one_call.items(), key=lambda item: item[0][1]):
         if ours(key) in verdicts:
             verdicts[ours(key)]["one_call"][str(rows)] = whole
     return verdicts
