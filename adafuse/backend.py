@@ -45,7 +45,6 @@ class Features:
     """What the engine found in the installed transformers (`check_transformers`)."""
 
     version: str
-    mask_cache_arg: str  # the mask functions' name for the cache: "cache" (>= 5.24) or "past_key_values"
 
 
 def check_transformers() -> Features:
@@ -97,7 +96,7 @@ def check_transformers() -> Features:
             + "; ".join(missing)
             + f". Install transformers>={MIN_TRANSFORMERS},<6 (pyproject.toml)"
         )
-    return Features(found, mask_cache_arg)
+    return Features(found)
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ class Waiting:
             cached=0 if prompt else self.cache.get_seq_length(),
             width=len(self.request.ids) if prompt else self.input_ids.shape[1],
             last_only=self.last_only,
-            kv_bytes_per_token=member.kv_bytes_per_token(),
+            kv_bytes_per_token=member.kv_bytes_per_token,
             vocab_size=member.vocab_size,
         )
 

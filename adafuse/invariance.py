@@ -49,6 +49,7 @@ registry, e.g. "eager") is never merged when exactness is asked for: its request
 import contextlib
 import contextvars
 import functools
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -91,7 +92,6 @@ class Span:
 class Plan:
     spans: list[Span]
     longest: int  # the longest request's cached positions before the pass
-    masks: dict = field(default_factory=dict)  # (request, sliding window) -> the mask it would have alone
     kv: list = field(default_factory=list)  # the layer being run: each request's keys and values (`SplitLayer`)
 
 
@@ -130,6 +130,8 @@ def split_attention(model) -> bool:
 
 
 def _attention(original):
+    masks = AloneMasks()
+
     def attention(module, query, key, value, attention_mask, **kwargs):
         """query (batch, heads, width, d); in a split pass (1, heads, positions, d), the packed row, where
         each request attends with its own cache's keys and values, which its `SplitLayer` has just handed
@@ -138,8 +140,8 @@ def _attention(original):
         if plan is None:
             return original(module, query, key, value, attention_mask, **kwargs)
         out = query.new_empty(1, query.shape[2], query.shape[1], value.shape[-1])
-        for j, (s, (own_keys, own_values)) in enumerate(zip(plan.spans, plan.kv, strict=True)):
-            mask = _alone_mask(plan, j, module.config, kwargs.get("sliding_window"), query)
+        for s, (own_keys, own_values) in zip(plan.spans, plan.kv, strict=True):
+            mask = masks.get(module.config, kwargs.get("sliding_window"), s, query)
             o, _ = original(module, unpack(query, s), own_keys, own_values, mask, **kwargs)
             out[0, s.start : s.start + s.count] = pack(o, s)
         plan.kv = []
@@ -195,21 +197,38 @@ def split_cache(caches: list[DynamicCache], spans: list[Span], longest: int) -> 
     return split
 
 
-def _alone_mask(plan: Plan, j: int, config, sliding_window, query: torch.Tensor):
-    """The mask request j's attention would get if its pass ran alone (None, or a tensor)."""
-    key = (j, sliding_window)
-    if key not in plan.masks:
-        s = plan.spans[j]
-        rows = s.batch
+# transformers >= 5.24 names the mask functions' cache argument `cache`, 5.23 `past_key_values`
+# (adafuse/backend.py checks that one of them is there)
+_MASK_CACHE_ARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+
+
+class AloneMasks:
+    """The masks requests' attention would get in their passes alone (None, or a tensor), kept across passes: a
+    mask depends only on the model's config, its sliding window and the request's rows, width and cached length,
+    and a pass asks one per request and layer kind. A mask is only ever read."""
+
+    LIMIT = 4096  # shapes kept before the store starts afresh
+
+    def __init__(self):
+        self.kept: dict[tuple, tuple] = {}  # shape key -> (the config it was made for, the mask)
+
+    def get(self, config, sliding_window, s: "Span", query: torch.Tensor):
+        key = (id(config), sliding_window, s.batch, s.width, s.length, query.dtype, query.device)
+        hit = self.kept.get(key)
+        if hit is not None and hit[0] is config:
+            return hit[1]
         make = create_sliding_window_causal_mask if sliding_window else create_causal_mask
-        plan.masks[key] = make(
+        mask = make(
             config=config,
-            inputs_embeds=torch.empty((rows, s.width, 0), dtype=query.dtype, device=query.device),
+            inputs_embeds=torch.empty((s.batch, s.width, 0), dtype=query.dtype, device=query.device),
             attention_mask=None,
-            cache=_cache_of_length(s.length, query.device),
             position_ids=None,
+            **{_MASK_CACHE_ARG: _cache_of_length(s.length, query.device)},
         )
-    return plan.masks[key]
+        if len(self.kept) >= self.LIMIT:
+            self.kept.clear()
+        self.kept[key] = (config, mask)
+        return mask
 
 
 def _cache_of_length(length: int, device) -> DynamicCache:
@@ -259,7 +278,30 @@ def tile_linear_layers(model, probes: KernelProbes) -> None:
 
 
 def _tiled_forward(module: torch.nn.Linear, head: bool, probes: KernelProbes, x: torch.Tensor) -> torch.Tensor:
-    return tiled_linear(probes, x, module.weight, module.bias, pack=head)
+    return only_live(x, module.weight.shape[0], lambda flat: _planned_rows(module, probes, flat), head)
+
+
+def _planned_rows(module: torch.nn.Linear, probes: KernelProbes, flat: torch.Tensor) -> torch.Tensor:
+    """`_tiled_rows` for one of the model's layers, its decisions for a row count (tile, one call or tile by
+    tile, MKL threads) kept on the layer: a pass asks them of every layer, and looking the probes' verdicts up
+    again costs more than the multiply of a few rows on a GPU. They are the verdicts `_tiled_rows` reads."""
+    weight, bias = module.weight, module.bias
+    share = probes.cores.blas_threads() if probes.cores is not None else None
+    key = (weight.data_ptr(), flat.shape[0], torch.get_num_threads(), share)
+    plans = module.__dict__.setdefault("_adafuse_plans", {})
+    plan = plans.get(key)
+    if plan is None:
+        tile = tile_rows(probes, weight, bias)
+        padded = -(-flat.shape[0] // tile) * tile
+        whole = one_call_is_tiled(probes, weight, bias, padded)
+        plan = plans[key] = (tile, padded, whole, linear_threads(probes, weight, bias, padded if whole else tile))
+    tile, padded, whole, threads = plan
+    rows = flat.shape[0]
+    x = torch.cat([flat, flat.new_zeros(padded - rows, flat.shape[1])]) if padded > rows else flat
+    with probes.cores.mkl_threads(threads) if threads is not None else contextlib.nullcontext():
+        if whole:
+            return F.linear(x, weight, bias)[:rows]
+        return torch.cat([F.linear(part, weight, bias) for part in x.split(tile)])[:rows]
 
 
 def tiled_linear(

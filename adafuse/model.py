@@ -17,6 +17,7 @@ pass they need and are run with `yield from`; the engine runs the passes.
 """
 
 import copy
+import functools
 import inspect
 import logging
 from dataclasses import replace
@@ -352,8 +353,10 @@ class Member:
             logits = self.model(input_ids=input_ids, use_cache=True, **kwargs).logits
         return logits.float() if lengths is None else packed_logits(logits, lengths, width).float()
 
+    @functools.cached_property
     def kv_bytes_per_token(self) -> int:
-        """Bytes of keys and values one token takes in the cache, over all layers."""
+        """Bytes of keys and values one token takes in the cache, over all layers (the planner reads it for
+        every request: computed once per member, and kept by its clones)."""
         text = self.model.config.get_text_config()
         heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
