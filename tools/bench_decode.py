@@ -36,9 +36,12 @@
    after the other, each on every core: each model's pass seconds there are what its passes cost with
    nothing beside them; the slower model's and both models', over the members' sum, bracket what
    running them side by side can reach (`passes_alone_over_members`).
+9. `--only overhead`: the engine's host time per pass, on the paper's pair in shape at its test size, where
+   a pass's arithmetic is small: each member's transformers `generate()` at batch 1 against `single` at
+   batch 1 and 8 and AdaFuse exact at batch 1 and 8 (tools/bench_overhead.py).
 Prints a table and writes the figures to results/bench/decode.json; `--only reference`, `authors`,
-`projection`, `lm_eval`, `exact` or `default_run` writes its section alone to reference.json,
-authors.json, projection.json, lm_eval.json, exact_batching.json or default_run.json.
+`projection`, `lm_eval`, `exact`, `default_run` or `overhead` writes its section alone to reference.json,
+authors.json, projection.json, lm_eval.json, exact_batching.json, default_run.json or overhead.json.
 """
 
 import argparse
@@ -76,6 +79,7 @@ from conf.schema import DataConf
 from eval.results import read_predictions
 from eval.tasks import BESIDE_CHECKOUT, Task
 from oracles import reference
+from tools.bench_overhead import compare_overhead
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -582,8 +586,18 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument(
         "--only",
-        choices=["singles", "reference", "batching", "authors", "projection", "lm_eval", "exact", "default_run"],
-        help="run one section (1, 2, 3, 4, 5, 6, 7 or 8)",
+        choices=[
+            "singles",
+            "reference",
+            "batching",
+            "authors",
+            "projection",
+            "lm_eval",
+            "exact",
+            "default_run",
+            "overhead",
+        ],
+        help="run one section (1, 2, 3, 4, 5, 6, 7, 8 or 9)",
     )
     parser.add_argument("--authors-code", type=Path, help="a checkout of CCM0111/AdaFuse (section 4)")
     parser.add_argument("--authors-questions", type=int, default=10, help="NQ questions for section 4")
@@ -609,8 +623,10 @@ def main() -> None:
     parser.add_argument("--batching-task", choices=[t for t, _, _ in SUITE], help="48 prompts of one task, not the mix")
     parser.add_argument("--lm-eval-batch-size", type=int, default=8, help="section 6's examples in flight")
     parser.add_argument("--lm-eval-repeats", type=int, default=2, help="section 6's runs of each")
-    parser.add_argument("--limit", type=int, default=48, help="section 7's prompts (of --batching-task, default nq)")
-    parser.add_argument("--repeats", type=int, default=2, help="section 8's runs of each command")
+    parser.add_argument(
+        "--limit", type=int, help="section 7's prompts (of --batching-task, default nq; 48), section 9's (24)"
+    )
+    parser.add_argument("--repeats", type=int, help="section 8's runs of each command (2), section 9's (3)")
     parser.add_argument(
         "--out",
         type=Path,
@@ -618,6 +634,8 @@ def main() -> None:
         "with --only those)",
     )
     args = parser.parse_args()
+    args.limit = args.limit or (24 if args.only == "overhead" else 48)
+    args.repeats = args.repeats or (3 if args.only == "overhead" else 2)
     # a section run alone leaves the full run's decode.json as that run wrote it
     own_file = {
         "reference": "reference.json",
@@ -626,12 +644,15 @@ def main() -> None:
         "lm_eval": "lm_eval.json",
         "exact": "exact_batching.json",
         "default_run": "default_run.json",
+        "overhead": "overhead.json",
     }
     args.out = args.out or ROOT / "results/bench" / own_file.get(args.only, "decode.json")
     torch.set_num_threads(args.threads)
 
-    # section 6 loads the pair through the lm_eval model, which holds its own; section 8 runs run.py
-    ens = None if args.only in ("lm_eval", "default_run") else Ensemble.from_config(["smollm2_135m", "gemma3_270m"])
+    # section 6 loads the pair through the lm_eval model, which holds its own; section 8 runs run.py; section 9
+    # decodes with the paper's pair in shape
+    own_models = ("lm_eval", "default_run", "overhead")
+    ens = None if args.only in own_models else Ensemble.from_config(["smollm2_135m", "gemma3_270m"])
     scale = args.scale or (0.25 if args.quick else 1.0)
     record = {
         "threads": args.threads,
@@ -726,6 +747,14 @@ def main() -> None:
             f"{run['both_models_passes_alone_over_members']:.2f}; "
             f"identical to results/grid: {run['identical_to_grid']} of {run['examples']}"
         )
+    if args.only == "overhead":
+        print(f"9. host time per pass: {args.limit} nq prompts on the paper's pair in shape, float32", flush=True)
+        record["overhead"] = overhead = compare_overhead(
+            task_requests("nq", args.limit, args.data_dir, 32), args.repeats
+        )
+        for name, value in overhead["ratios"].items():
+            print(f"  {name}: {value:.2f} (median of {overhead['repeats']})")
+        print(f"  identical: {overhead['identical']}")
     if args.only in (None, "singles"):
         print("1. every method vs the two single models (same prompts, interleaved)", flush=True)
         record["singles"] = singles = compare_with_singles(

@@ -12,6 +12,7 @@ in a page. The block `<!-- bench:unrendered -->` lists the JSON files that no re
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -262,6 +263,67 @@ def exact(data: dict) -> str:
         f"**{e['exact_8_over_not_exact_8']:.2f}×** not-exact batch 8 (goal ≥ 0.9×)."
     )
     return "\n\n".join([provenance("exact_batching.json", data), table(header, rows), notes])
+
+
+OVERHEAD_RUNS = {
+    "generate_0": "transformers `generate()`, Llama-shaped, batch 1",
+    "generate_1": "transformers `generate()`, Mistral-shaped, batch 1",
+    "single_0@1": "`single` Llama-shaped, batch 1",
+    "single_1@1": "`single` Mistral-shaped, batch 1",
+    "single_0@8": "`single` Llama-shaped, batch 8",
+    "single_1@8": "`single` Mistral-shaped, batch 8",
+    "adafuse@8": "AdaFuse exact, batch 8",
+    "adafuse@1": "AdaFuse exact, batch 1",
+}
+OVERHEAD_RATIOS = {
+    "adafuse@8_over_summed_generate": ("AdaFuse exact batch 8 ÷ both members' summed `generate()`", "≤ 1.0"),
+    "adafuse@1_over_summed_generate": ("AdaFuse exact batch 1 ÷ both members' summed `generate()`", ""),
+    "single_0@1_over_generate_0": ("`single` batch 1 ÷ `generate()`, Llama-shaped", "≤ 1.1"),
+    "single_1@1_over_generate_1": ("`single` batch 1 ÷ `generate()`, Mistral-shaped", "≤ 1.1"),
+    "adafuse@8_pass_over_generate_0_step": ("a merged pass of 8 examples ÷ one Llama-shaped `generate()` step", "≤ 2"),
+}
+
+
+@renderer("overhead", "overhead.json")
+def overhead(data: dict) -> str:
+    """Section 9: the engine's time per pass against transformers' own generate(), on the paper pair in shape."""
+    o = data["overhead"]
+
+    def median(name: str, key: str) -> float:
+        return statistics.median(run[key] for run in o["runs"][name])
+
+    rows = [
+        [
+            label,
+            ", ".join(f"{run['seconds']:.2f}" for run in o["runs"][name]),
+            o["runs"][name][0]["passes"],
+            f"{median(name, 'rows_per_pass'):.1f}" if "rows_per_pass" in o["runs"][name][0] else "1",
+            f"{median(name, 'ms_per_pass'):.1f}",
+        ]
+        for name, label in OVERHEAD_RUNS.items()
+    ]
+    runs = table(["run", "seconds, each repeat", "passes (generate: steps)", "rows per pass", "ms per pass"], rows)
+    ratios = table(
+        ["ratio (median of the repeats)", "measured", "goal"],
+        [[label, f"**{o['ratios'][key]:.2f}×**", goal] for key, (label, goal) in OVERHEAD_RATIOS.items()],
+    )
+    profile = table(
+        ["profiled once (torch.profiler)", "wall seconds", "in torch's ops", "outside them (Python, dispatch)"],
+        [
+            [OVERHEAD_RUNS[name], f"{p['wall_seconds']:.2f}", f"{p['op_seconds']:.2f}", f"{p['outside_share']:.0%}"]
+            for name, p in o["profile"].items()
+        ],
+    )
+    same = o["identical"]
+    notes = (
+        f"{o['prompts']} NQ prompts as the harness renders them (5-shot, shared prefix), {o['budget']} new tokens, "
+        f"{o['repeats']} alternating repeats. Identical: `single` batch 1's ids to `generate()`'s "
+        f"{same['single_0@1_ids_equal_generate']}/{o['prompts']} and {same['single_1@1_ids_equal_generate']}/"
+        f"{o['prompts']}; every batch 8 text to batch 1's in every repeat: `single` "
+        f"{same['single_0@8_texts_equal_single_0@1']} and {same['single_1@8_texts_equal_single_1@1']}, AdaFuse "
+        f"{same['adafuse@8_texts_equal_adafuse@1']} of {o['prompts']}."
+    )
+    return "\n\n".join([provenance("overhead.json", data), runs, ratios, profile, notes])
 
 
 @renderer("default-run", "default_run.json")
