@@ -28,7 +28,7 @@ from adafuse import Ensemble, Request
 from adafuse.config import ModelConfig
 from adafuse.errors import ConfigError
 from adafuse.methods import METHODS
-from conf.schema import saved_config
+from conf.schema import check_known_keys, saved_config
 from eval.results import RunDir, git_sha
 from eval.tasks import Task, resolve_data_dir
 from eval.tracking import Tracker
@@ -37,12 +37,12 @@ log = logging.getLogger(__name__)
 
 
 def settings_of(cfg: DictConfig):
-    """The typed settings; dataclass __post_init__ checks (tau >= 0, B >= 1, ...) run here."""
+    """The typed settings: every key one the schemas declare, and the dataclasses' __post_init__ checks (tau >= 0,
+    B >= 1, ...) run here."""
+    check_known_keys(cfg)
     settings = OmegaConf.to_object(cfg)
     if not settings.model_pair.members:
         raise ConfigError(f"model_pair {settings.model_pair.name!r} lists no models")
-    if settings.batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {settings.batch_size}")
     return settings
 
 

@@ -85,6 +85,11 @@ class Task:
             rows = read_local({"reader": "prompts_jsonl", "file": self.cfg.path}, None)
             if not rows:
                 raise DataError(f"{self.cfg.path} holds no prompts")
+        elif not self.cfg.eval:
+            raise ConfigError(
+                f"task {self.name!r} reads its examples from your file: set task.path=FILE.jsonl, one "
+                '{"id": ..., "prompt": ..., "references": [...]} per line (references optional)'
+            )
         else:
             rows = self._read(self.cfg.eval, "examples")
         if self.cfg.limit is not None:
