@@ -14,6 +14,7 @@ import json
 import logging
 import platform
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict
 from importlib.metadata import PackageNotFoundError, version
@@ -26,9 +27,10 @@ from tqdm import tqdm
 
 from adafuse import Ensemble, Request
 from adafuse.config import ModelConfig
-from adafuse.errors import ConfigError
+from adafuse.errors import ConfigError, ContextLengthError
 from adafuse.methods import METHODS
 from conf.schema import check_known_keys, saved_config
+from eval.data import Example
 from eval.results import RunDir, git_sha
 from eval.tasks import Task, resolve_data_dir
 from eval.tracking import Tracker
@@ -46,9 +48,13 @@ def settings_of(cfg: DictConfig):
     return settings
 
 
-def main(cfg: DictConfig, run_dir: Path) -> dict | None:
+def main(cfg: DictConfig, run_dir: Path, admitted: Callable[[], None] | None = None) -> dict | None:
     """Decode this process's shard of the task into `run_dir`; return the metrics once every example of
-    the run has a prediction (the last shard to finish writes metrics.json), else None."""
+    the run has a prediction (the last shard to finish writes metrics.json), else None.
+
+    Nothing is written into `run_dir` before the process is admitted: its shard claimed, its settings and
+    runtime checked against the run's, its models loaded and its prompts checked to fit. `admitted` is
+    called then (run.py writes Hydra's own records of the run)."""
     settings = settings_of(cfg)
     pair, method = list(settings.model_pair.members.values()), settings.method
     used = METHODS[method.name].members_used(method, len(pair))
@@ -65,7 +71,15 @@ def main(cfg: DictConfig, run_dir: Path) -> dict | None:
         torch.set_num_threads(settings.threads)
     busy = any(ex.id not in out.records for ex in mine)
     with out.claim(shard, num_shards) if busy else nullcontext():  # claiming re-reads the predictions
+        out.check()  # a resume with other settings or on another device: refused before any model loads
         todo = [ex for ex in mine if ex.id not in out.records]
+        if todo:
+            ensemble = load_ensemble(pair, used, settings.cache_dir)
+            reserve = METHODS[method.name].positions_needed(method, task.cfg.max_new_tokens)
+            check_prompts_fit(ensemble, todo, prompts, reserve)
+        out.admit()
+        if admitted is not None:
+            admitted()
         log.info(
             "%s: %d examples; shard %d of %d holds %d: %d already done, %d to decode",
             task.name,
@@ -80,14 +94,22 @@ def main(cfg: DictConfig, run_dir: Path) -> dict | None:
         if todo:
             done = [out.records[ex.id]["scores"] for ex in mine if ex.id in out.records]
             tracker.resume([{k: v * task.metrics[k].scale for k, v in scores.items()} for scores in done])
-            ensemble = load_ensemble(pair, used, settings.cache_dir)
-            reserve = METHODS[method.name].positions_needed(method, task.cfg.max_new_tokens)
-            ensemble.check_prompts_fit([prompts[ex.id] for ex in todo], reserve)
             decode_all(ensemble, task, todo, prompts, method, settings, out, tracker)
         out.refresh()  # the other shards' predictions
         metrics = finish(task, out, settings, models)
         tracker.finish(metrics, [out.records[ex.id] for ex in task.examples] if metrics else [])
     return metrics
+
+
+def check_prompts_fit(ensemble: Ensemble, examples: list[Example], prompts: dict[str, str], reserve: int) -> None:
+    """ContextLengthError before any decoding if an example's prompt leaves some model fewer than `reserve`
+    positions; the message names the example (and, for a user's own prompts, its file and line)."""
+    for example in examples:
+        try:
+            ensemble.check_prompts_fit([prompts[example.id]], reserve)
+        except ContextLengthError as err:
+            where = f" ({example.origin})" if example.origin else ""
+            raise ContextLengthError(f"example {example.id!r}{where}: {err}") from None
 
 
 def decoding_models(settings) -> list[ModelConfig]:
