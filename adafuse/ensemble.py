@@ -113,7 +113,7 @@ class Ensemble:
         """
         options, settings = _split_request_fields(options)
         spec, cfg = resolve_method(method, options)
-        return spec.generate(self.members, Request.of(prompt, **settings), cfg)
+        return spec.generate(self.members, _fitting(self.members, spec, cfg, Request.of(prompt, **settings)), cfg)
 
     def decode_stream(
         self,
@@ -135,14 +135,19 @@ class Ensemble:
         spec, cfg = resolve_method(method, options)
 
         def one(members, item):
-            return spec.generate(members, Request.of(item[1], **settings), cfg)
+            return spec.generate(members, _fitting(members, spec, cfg, Request.of(item[1], **settings)), cfg)
 
         scheduler = scheduler or Scheduler(exact=exact, side_by_side=side_by_side)
         return DecodeStream(decode_many(self.members, items, one, batch_size, scheduler), scheduler)
 
-    def decode_batch(self, prompts: list[str | Request], **kwargs) -> list[Generation]:
-        """`decode` for many prompts, batched across examples; results in the order of `prompts`."""
-        done = dict(self.decode_stream(enumerate(prompts), **kwargs))
+    def decode_batch(self, prompts: list[str | Request], *, method="adafuse", **kwargs) -> list[Generation]:
+        """`decode` for many prompts, batched across examples; results in the order of `prompts`. Every prompt
+        is checked to fit before any is decoded."""
+        streaming = {k: kwargs.pop(k) for k in ("batch_size", "exact", "side_by_side", "scheduler") if k in kwargs}
+        options, settings = _split_request_fields(kwargs)
+        spec, cfg = resolve_method(method, options)
+        requests = [_fitting(self.members, spec, cfg, Request.of(p, **settings)) for p in prompts]
+        done = dict(self.decode_stream(enumerate(requests), method=cfg, **streaming))
         return [done[i] for i in range(len(prompts))]
 
     def loglikelihood(self, requests: list[tuple[str, str]]) -> list[Score]:
@@ -180,6 +185,15 @@ class DecodeStream:
         "per_request" or "alone": `Meeting`) and its "passes", "merged_passes", "rows" and "merged_prompts"
         (adafuse/batching.py, `Scheduler.report`)."""
         return self._scheduler.report()
+
+
+def _fitting(members: list[Member], spec, cfg, request: Request) -> Request:
+    """`request`, checked to leave every model the method decodes with the context it may need: an over-long
+    prompt is a ContextLengthError before any model reads it, not after another model has read it all."""
+    reserve = spec.positions_needed(cfg, request.max_new_tokens)
+    for k in spec.members_used(cfg, len(members)):
+        members[k].prompt_ids(request.prompt, reserve)
+    return request
 
 
 def _split_request_fields(options: dict) -> tuple[dict, dict]:
