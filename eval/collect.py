@@ -71,16 +71,36 @@ class Run:
         return names[0] if names else None
 
 
+def read_metrics(run_dir: Path) -> dict:
+    """A run's metrics.json; DataError naming the run if it is not JSON (a copy cut short, a hand edit)."""
+    path = Path(run_dir) / "metrics.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(
+            f"{path} is not valid JSON ({err}): rerun the run's command, or python scripts/merge.py {run_dir}, "
+            "to write it again"
+        ) from None
+
+
+def read_config(run_dir: Path) -> dict:
+    """A run's config.yaml; DataError naming the run if it is not YAML."""
+    path = Path(run_dir) / "config.yaml"
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise DataError(f"{path} is not valid YAML ({err}); the run's command writes it again") from None
+
+
 def find_runs(root: Path) -> list[Run]:
     """Every run below `root` that has written its metrics.json, in path order."""
     runs = []
     for path in sorted(Path(root).rglob("metrics.json")):
-        metrics = json.loads(path.read_text())
+        metrics = read_metrics(path.parent)
         if "ids" not in metrics:  # written before metrics.json listed its examples
             log.info("%s: skipped, its metrics.json does not list the scored examples (rerun to rewrite it)", path)
             continue
-        config = yaml.safe_load((path.parent / "config.yaml").read_text())
-        runs.append(Run(path.parent, metrics, config))
+        runs.append(Run(path.parent, metrics, read_config(path.parent)))
     return runs
 
 
