@@ -154,6 +154,8 @@ def finish(task: Task, out: RunDir, settings, models) -> dict | None:
         return None
     records = [out.records[ex.id] for ex in task.examples]
     metrics = summary(task, records, settings, models, out)
+    for name, why in task.skipped.items():
+        log.warning("%s not computed: %s", name, why)
     out.write_metrics(metrics)
     log.info("%s", {k: round(v, 2) for k, v in metrics["metrics"].items()})
     return metrics
@@ -262,6 +264,8 @@ def summary(task: Task, records: list[dict], settings, models, out: RunDir) -> d
         },
         "runtime": out.config.get("runtime"),  # config.yaml's: torch, each model's device, dtype and GPU
         "metrics": task.corpus_scores(records),
+        "bleu_tokenizers": task.bleu_tokenizers(),  # each BLEU's sacrebleu tokenizer: 13a, flores101
+        "metrics_skipped": task.skipped,  # a metric of the task not computed here, and why
         "throughput": {
             "seconds": seconds,
             "seconds_per_example": seconds / len(records),
