@@ -105,6 +105,11 @@ class Ensemble:
             for prompt in prompts:
                 member.prompt_ids(prompt, reserve)
 
+    def without_utf8_rule(self) -> list[str]:
+        """The loaded models whose vocabulary is of a type adafuse/tokens.py does not know, so that the rule
+        keeping words valid UTF-8 is off for them (a run records it in its runtime)."""
+        return [m.name for m in filter(None, self.members) if m.tokens.kind is None]
+
     def decode(self, prompt: str | Request, *, method="adafuse", **options) -> Generation:
         """Decode one prompt. `method` is a registered name (options are its knobs) or a method config object.
 

@@ -256,7 +256,9 @@ def runtime_differences(recorded: dict, now: dict) -> list[str]:
     if [m.get("name") for m in old] != [m.get("name") for m in new]:
         differences.append(f"models {[m.get('name') for m in old]} then, {[m.get('name') for m in new]} now")
     for then, current in zip(old, new):
-        for key in sorted((then.keys() | current.keys()) - {"name"}):
+        # A model's vocabulary decides its utf8_rule (eval/runner.py), the same on any device; it is known
+        # only once the model has loaded, after the first check.
+        for key in sorted((then.keys() | current.keys()) - {"name", "utf8_rule"}):
             if then.get(key) != current.get(key):
                 differences.append(f"{current.get('name')} {key} {then.get(key)} then, {current.get(key)} now")
     return differences

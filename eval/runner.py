@@ -77,6 +77,7 @@ def main(cfg: DictConfig, run_dir: Path, admitted: Callable[[], None] | None = N
             ensemble = load_ensemble(pair, used, settings.cache_dir)
             reserve = METHODS[method.name].positions_needed(method, task.cfg.max_new_tokens)
             check_prompts_fit(ensemble, todo, prompts, reserve)
+            record_text_rules(config["runtime"], ensemble)
         out.admit()
         if admitted is not None:
             admitted()
@@ -110,6 +111,15 @@ def check_prompts_fit(ensemble: Ensemble, examples: list[Example], prompts: dict
         except ContextLengthError as err:
             where = f" ({example.origin})" if example.origin else ""
             raise ContextLengthError(f"example {example.id!r}{where}: {err}") from None
+
+
+def record_text_rules(runtime: dict, ensemble: Ensemble) -> None:
+    """Mark, in config.yaml's runtime, each model whose words the UTF-8 rule does not guard (its vocabulary
+    is of no known type): its outputs may hold U+FFFD where another model's would not."""
+    off = set(ensemble.without_utf8_rule())
+    for model in runtime["models"]:
+        if model["name"] in off:
+            model["utf8_rule"] = "off"
 
 
 def decoding_models(settings) -> list[ModelConfig]:
