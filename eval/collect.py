@@ -3,6 +3,7 @@ metrics.json, with the config.yaml and predictions.jsonl beside it (the results 
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -13,6 +14,10 @@ from adafuse.errors import DataError
 from eval.results import read_predictions
 
 log = logging.getLogger(__name__)
+
+# Where one override of a run id ends: at a comma followed by the next one's key and "=" (a value such as
+# method.weights=[0.5,0.5] holds commas of its own). Keys as a run id spells them (conf/schema.py `run_id`).
+_NEXT_OVERRIDE = re.compile(r",(?=[+~]*[A-Za-z_][\w.@%-]*=)")
 
 # Knobs that tables and figures name even at their default: without them a row or a bar does not say which
 # variant ran (LLM-Blender's ranker, nll or PairRM; DeePEn's main member, an index or the SentencePiece one).
@@ -40,7 +45,7 @@ class Run:
 
     @property
     def overrides(self) -> list[str]:
-        return [] if self.run_id == "default" else self.run_id.split(",")
+        return [] if self.run_id == "default" else _NEXT_OVERRIDE.split(self.run_id)
 
     @property
     def ids(self) -> list[str]:
