@@ -32,7 +32,7 @@ class Metric:
     scale: float = 100.0  # mean per-example score x scale is on the corpus's 0-100 scale (1 for sentence BLEU)
     # A BLEU: the sacrebleu tokenizer its corpus score uses now. metrics.json records it, and tables refuse to
     # compare BLEUs tokenized differently: the same text scores another number.
-    tokenizer: Callable[[], str] | None = None
+    bleu_tokenizer: Callable[[], str] | None = None
 
 
 METRICS = Registry("metric")
@@ -144,7 +144,7 @@ def sentence_chrf(prediction: str, references: list[str]) -> float:
 
 
 METRICS.register("bleu")(
-    Metric(sentence_bleu, partial(corpus_score, _BLEU), scale=1.0, tokenizer=_BLEU.tokenizer.signature)
+    Metric(sentence_bleu, partial(corpus_score, _BLEU), scale=1.0, bleu_tokenizer=lambda: _BLEU.tokenizer_signature)
 )
 METRICS.register("chrf")(Metric(sentence_chrf, partial(corpus_score, _CHRF), scale=1.0))
 
@@ -183,5 +183,5 @@ def corpus_spbleu(predictions: list[str], references: list[list[str]]) -> float:
 
 
 METRICS.register("spbleu")(
-    Metric(sentence_spbleu, corpus_spbleu, scale=1.0, tokenizer=lambda: flores101_bleu().tokenizer.signature())
+    Metric(sentence_spbleu, corpus_spbleu, scale=1.0, bleu_tokenizer=lambda: flores101_bleu().tokenizer_signature)
 )

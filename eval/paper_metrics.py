@@ -248,7 +248,7 @@ def _single_reference(references: list[str]) -> str:
 
 def paper_bleu_scorer() -> BLEU:
     """The authors' tokenize="spm" (flores101 SentencePiece) when `spbleu_available()`, else sacrebleu's default
-    13a, which gives another number: metrics.json records which (`Metric.tokenizer`)."""
+    13a, which gives another number: metrics.json records which (`Metric.bleu_tokenizer`)."""
     return flores101_bleu() if spbleu_available() else BLEU()
 
 
@@ -266,5 +266,5 @@ def paper_bleu(generations: list[str], references: list[list[str]]) -> float:
 
 
 METRICS.register("paper_bleu")(
-    Metric(None, paper_bleu, raw=True, tokenizer=lambda: paper_bleu_scorer().tokenizer.signature())
+    Metric(None, paper_bleu, raw=True, bleu_tokenizer=lambda: paper_bleu_scorer().tokenizer_signature)
 )

@@ -182,7 +182,7 @@ class Task:
 
     def bleu_tokenizers(self) -> dict[str, str]:
         """The sacrebleu tokenizer of each reported BLEU metric, as it scores now."""
-        return {reported: m.tokenizer() for reported, m in self.metrics.items() if m.tokenizer is not None}
+        return {reported: m.bleu_tokenizer() for reported, m in self.metrics.items() if m.bleu_tokenizer is not None}
 
     def corpus_scores(self, records: list[dict]) -> dict[str, float]:
         """Every metric over all records (in example order); no record is dropped."""

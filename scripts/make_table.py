@@ -125,7 +125,7 @@ def bleu_tokenizers(rows: dict) -> dict[str, str]:
     by_metric: dict[str, dict[str, list[str]]] = {}
     for cells in rows.values():
         for cell in cells.values():
-            if METRICS[cell.run.config["task"]["metrics"][cell.metric]].tokenizer is None:
+            if METRICS[cell.run.config["task"]["metrics"][cell.metric]].bleu_tokenizer is None:
                 continue
             tokenizer = cell.run.metrics.get("bleu_tokenizers", {}).get(cell.metric, NOT_RECORDED)
             by_metric.setdefault(cell.metric, {}).setdefault(tokenizer, []).append(str(cell.run.path))
