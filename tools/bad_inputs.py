@@ -286,6 +286,18 @@ CASES = [
         setup="run_with_the_defaults",
     ),
     BadInput(
+        "other_device",
+        "a run directory that holds predictions decoded on another device and dtype",
+        CUSTOM,
+        "ResumeMismatchError",
+        "{dir}/run holds predictions decoded on smollm2_135m bfloat16 on cuda:0 (NVIDIA H200), {others}; this "
+        "process would decode on {now} ({differences}). Outputs can differ in their last bits between the two, so "
+        "one run must not mix them: resume it on its recorded device and dtype (each model's `device` and `dtype` "
+        "settings, the same torch), or write this one to another directory (results_dir=... or hydra.run.dir=...).",
+        files={"prompts.jsonl": PROMPTS},
+        setup="run_on_a_gpu",
+    ),
+    BadInput(
         "busy_shard",
         "a shard that another process is decoding (its settings other than this one's)",
         (*CUSTOM, "method.tau=1.5"),
@@ -536,6 +548,17 @@ def run_with_the_defaults(folder: Path) -> None:
     (folder / "run" / "predictions.jsonl").write_text(json.dumps({"id": "a", "prediction": " 4"}) + "\n")
 
 
+def run_on_a_gpu(folder: Path) -> None:
+    """The run of `run_with_the_defaults` as if decoded on a GPU: SmolLM2 in bfloat16 on an H200."""
+    import yaml
+
+    run_with_the_defaults(folder)
+    path = folder / "run" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    config["runtime"]["models"][0] |= {"device": "cuda:0", "dtype": "bfloat16", "gpu": "NVIDIA H200"}
+    path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+
+
 @contextmanager
 def shard_held_by_another_run(folder: Path):
     """The run of `admitted_run`, its shard 0 of 1 held by it (as a process holds it while its models load)."""
@@ -588,7 +611,14 @@ def bad_input(key: str) -> BadInput:
 
 SETUPS = {
     f.__name__: f
-    for f in (run_with_the_defaults, shard_held_by_another_run, truncated_gguf, truncated_safetensors, committed_run)
+    for f in (
+        run_with_the_defaults,
+        run_on_a_gpu,
+        shard_held_by_another_run,
+        truncated_gguf,
+        truncated_safetensors,
+        committed_run,
+    )
 }
 
 
