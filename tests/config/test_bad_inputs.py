@@ -61,8 +61,8 @@ def test_run_py_refuses_each_bad_input_in_its_line_and_changes_nothing_on_disk(c
             main(compose_run(*overrides, *quiet), Path(case.run_dir.format(dir=tmp_path)))
         assert_refused_as_written(case, refused.value, tmp_path)
         assert on_disk(tmp_path) == before
-        if not case.slow:
-            assert set(eval.runner._LOADED) == loaded, "a model was loaded"
+        if not case.slow:  # (loading a pair drops the runner's other models: no entry may be new)
+            assert set(eval.runner._LOADED) <= loaded, "a model was loaded"
 
 
 @pytest.mark.parametrize("case", cases("eval.report"))
@@ -84,7 +84,7 @@ def test_the_lm_eval_model_refuses_each_bad_argument_before_any_weights_load(cas
     with pytest.raises(AdaFuseError) as refused:
         AdaFuseLM(**simple_parse_args_string(model_args))
     assert_refused_as_written(case, refused.value, tmp_path)
-    assert set(eval.runner._LOADED) == loaded
+    assert set(eval.runner._LOADED) <= loaded
 
 
 def test_every_other_case_is_tried_by_the_test_it_names():
