@@ -36,8 +36,14 @@ class ModelConfig:
     chat_template: bool = False  # render prompts with the model's own chat template (spec §1)
 
     def __post_init__(self):
-        if (self.path is None) == (self.bundle is None):
-            raise ConfigError(f"model {self.name!r}: set exactly one of `path` or `bundle`")
+        if self.path is None and self.bundle is None:
+            raise ConfigError(f"model {self.name!r}: set one of `path` or `bundle`")
+        if self.path is not None and self.bundle is not None:
+            raise ConfigError(
+                f"model {self.name!r}: both path {self.path!r} and bundle {self.bundle!r} are set; to load the path "
+                "in place of the bundle, set bundle and the bundle's sha256 to null too "
+                "(model_pair.members.<key>.bundle=null model_pair.members.<key>.sha256=null)"
+            )
         if self.dtype not in DTYPES:
             raise ConfigError(f"model {self.name!r}: dtype {self.dtype!r} is not one of {DTYPES}")
 

@@ -106,6 +106,11 @@ class Ensemble:
             for prompt in prompts:
                 member.prompt_ids(prompt, reserve)
 
+    def without_utf8_rule(self) -> list[str]:
+        """The loaded models whose vocabulary is of a type adafuse/tokens.py does not know, so that the rule
+        keeping words valid UTF-8 is off for them (a run records it in its runtime)."""
+        return [m.name for m in filter(None, self.members) if m.tokens.kind is None]
+
     def decode(self, prompt: str | Request, *, method="adafuse", **options) -> Generation:
         """Decode one prompt. `method` is a registered name (options are its knobs) or a method config object.
 
@@ -114,7 +119,7 @@ class Ensemble:
         """
         options, settings = _split_request_fields(options)
         spec, cfg = resolve_method(method, options)
-        return drive(spec.generate(self.members, Request.of(prompt, **settings), cfg))
+        return drive(spec.generate(self.members, _fitting(self.members, spec, cfg, Request.of(prompt, **settings)), cfg))
 
     def decode_stream(
         self,
@@ -137,14 +142,19 @@ class Ensemble:
         spec, cfg = resolve_method(method, options)
 
         def one(members, item):
-            return spec.generate(members, Request.of(item[1], **settings), cfg)
+            return spec.generate(members, _fitting(members, spec, cfg, Request.of(item[1], **settings)), cfg)
 
         executor = executor or Executor(exact=exact, side_by_side=side_by_side)
         return DecodeStream(decode_many(self.members, items, one, batch_size, executor), executor)
 
-    def decode_batch(self, prompts: list[str | Request], **kwargs) -> list[Generation]:
-        """`decode` for many prompts, batched across examples; results in the order of `prompts`."""
-        done = dict(self.decode_stream(enumerate(prompts), **kwargs))
+    def decode_batch(self, prompts: list[str | Request], *, method="adafuse", **kwargs) -> list[Generation]:
+        """`decode` for many prompts, batched across examples; results in the order of `prompts`. Every prompt
+        is checked to fit before any is decoded."""
+        streaming = {k: kwargs.pop(k) for k in ("batch_size", "exact", "side_by_side", "executor") if k in kwargs}
+        options, settings = _split_request_fields(kwargs)
+        spec, cfg = resolve_method(method, options)
+        requests = [_fitting(self.members, spec, cfg, Request.of(p, **settings)) for p in prompts]
+        done = dict(self.decode_stream(enumerate(requests), method=cfg, **streaming))
         return [done[i] for i in range(len(prompts))]
 
     def loglikelihood(self, requests: list[tuple[str, str]]) -> list[Likelihood]:
@@ -182,6 +192,15 @@ class DecodeStream:
         "per_request" or "alone": `Meeting`) and its "passes", "merged_passes", "rows" and "merged_prompts"
         (adafuse/executor.py, `Executor.report`)."""
         return self._executor.report()
+
+
+def _fitting(members: list[Member], spec, cfg, request: Request) -> Request:
+    """`request`, checked to leave every model the method decodes with the context it may need: an over-long
+    prompt is a ContextLengthError before any model reads it, not after another model has read it all."""
+    reserve = spec.positions_needed(cfg, request.max_new_tokens)
+    for k in spec.members_used(cfg, len(members)):
+        members[k].prompt_ids(request.prompt, reserve)
+    return request
 
 
 def _split_request_fields(options: dict) -> tuple[dict, dict]:

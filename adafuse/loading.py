@@ -94,8 +94,9 @@ def converted_gguf_dir(cfg: ModelConfig, cache_dir: Path) -> Path:
             return target
         log.info("converting %s from GGUF once (about a minute); cached at %s", cfg.name, target)
         work = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-", dir=target.parent))
+        where = f"model {cfg.name!r}: {parts[0]}" + (f" (+{len(parts) - 1} parts)" if len(parts) > 1 else "")
         try:
-            _dequantise(_joined(parts, work), work / "model")
+            _dequantise(_joined(parts, work), work / "model", where)
             (work / "model").rename(target)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -113,10 +114,23 @@ def _joined(parts: list[Path], work: Path) -> Path:
     return joined
 
 
-def _dequantise(gguf: Path, out: Path) -> None:
+def _read_gguf(path: Path, where: str) -> None:
+    """ModelFileError unless the file parses as GGUF: gguf's reader checks its magic number and maps every
+    tensor's data, so a truncated file fails here, named, rather than inside transformers."""
+    import gguf
+
+    try:
+        gguf.GGUFReader(path)
+    except ValueError as err:
+        raise ModelFileError(f"{where} is not a complete GGUF file ({err}); download it again") from None
+
+
+def _dequantise(gguf: Path, out: Path, where: str) -> None:
+    """`where`: the model and its file(s), as errors name them."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with shared_gguf_reader():
+        _read_gguf(gguf, where)  # the shared reader: transformers' reads below reuse it
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are dense after loading; without this save_pretrained refuses ("quantized with gguf").
@@ -131,19 +145,38 @@ def model_location(cfg: ModelConfig, cache_dir: Path | None = None) -> str:
     """Where transformers should load the model from: a directory or a hub id."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     if cfg.bundle or cfg.path.endswith(".gguf"):
-        return str(converted_gguf_dir(cfg, cache_dir))
+        converted = converted_gguf_dir(cfg, cache_dir)
+        _check_safetensors(cfg, converted, f"delete {converted} (the conversion cache) to convert it again")
+        return str(converted)
     path = Path(cfg.path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelFileError(f"model {cfg.name!r}: {path} has no config.json, so it is not a model directory")
+        _check_safetensors(cfg, path, "download it again")
         return str(path)
     if cfg.path.startswith(("/", ".", "~")) or path.exists():
         raise ModelFileError(f"model {cfg.name!r}: model path {path} does not exist")
     return cfg.path  # a hub id
 
 
+def _check_safetensors(cfg: ModelConfig, folder: Path, fix: str) -> None:
+    """ModelFileError, saying to `fix` it, if a weights file of `folder` is cut short or not safetensors: opening
+    one reads its header and checks that the file holds every tensor it lists, without reading the weights."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(file, framework="pt"):
+                pass
+        except SafetensorError as err:
+            raise ModelFileError(
+                f"model {cfg.name!r}: {file} is not a complete safetensors file ({err}); {fix}"
+            ) from None
+
+
 def load_pretrained(cfg: ModelConfig, cache_dir: Path | None = None):
     """(tokenizer, model) ready for inference on the configured device and dtype."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     where = model_location(cfg, cache_dir)
@@ -154,4 +187,9 @@ def load_pretrained(cfg: ModelConfig, cache_dir: Path | None = None):
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, device_map={"": device}, **options)
     except OSError as err:
         raise ModelFileError(f"model {cfg.name!r}: cannot load from {where}: {err}") from err
+    except SafetensorError as err:  # a hub download cut short: the local folders were checked above
+        raise ModelFileError(
+            f"model {cfg.name!r}: the weights of {where} are not complete ({err}); remove them from the Hugging Face "
+            f"cache (hf cache rm model/{where}) and download them again"
+        ) from None
     return tokenizer, model.eval()

@@ -20,11 +20,14 @@ beam expansion), it takes the most probable token whose bytes keep the word vali
 """
 
 import codecs
+import logging
 from functools import lru_cache
 
 import torch
 
 from adafuse.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 BYTE_LEVEL = "byte_level"
 SENTENCEPIECE = "sentencepiece"
@@ -123,14 +126,20 @@ class TokenBytes:
 
     Ids without bytes (control tokens, eos) are always allowed at a character boundary: masking
     control tokens and ending at eos are other rules' business. A vocabulary of an unknown type
-    allows everything (the rule is off).
+    allows everything (the rule is off: `kind` is None), with a warning when its TokenBytes is built
+    (once per tokenizer: `token_bytes`).
     """
 
     def __init__(self, tokenizer, size: int):
         try:
             self.kind, self.bytes = vocabulary_bytes(tokenizer, size)
-        except UnknownVocabularyType:
+        except UnknownVocabularyType as err:
             self.kind, self.bytes = None, [None] * size
+            log.warning(
+                "tokenizer %s: the UTF-8 rule is off (%s): its words may end part-way through a character",
+                getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__,
+                err,
+            )
         self.can_start = torch.tensor([b is None or _valid_prefix(b) for b in self.bytes], dtype=torch.bool)
         # Tokens that may finish a character: their bytes begin with a continuation byte.
         self._continuing = [i for i, b in enumerate(self.bytes) if b and b[0] & 0xC0 == 0x80]

@@ -7,13 +7,15 @@ Unknown keys fail at compose time; range checks (tau >= 0, M, B >= 1, ...) run w
 builds the engine's dataclasses, before any model loads.
 """
 
+import codecs
 import os
 import re
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError
 
 from adafuse import DEFAULT_BATCH_SIZE
 from adafuse.config import ModelConfig
@@ -83,14 +85,32 @@ class TaskConf:
             )
         # `task.stop='["\n"]'` on a command line reaches Hydra as a backslash and an n, which Hydra keeps.
         self.stop = [unescape(s) for s in self.stop]
+        if "" in self.stop:
+            raise ConfigError(
+                "task.stop holds an empty string, which would end every generation before its first word; "
+                "remove it (task.stop=[] for no stop string)"
+            )
+
+
+# The escapes a stop string may hold, as a Python string literal reads them; any other backslash is refused
+# rather than kept as a backslash, which would stop at text no one meant.
+_ESCAPE = re.compile(r"\\(?:[ntr\\]|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})|\\(.?)", re.DOTALL)
+ESCAPES = r"\n, \r, \t, \\, \xHH, \uHHHH and \UHHHHHHHH"
 
 
 def unescape(text: str) -> str:
-    r"""Interpret \n, \t and \\ as a Python string does; YAML's double-quoted "\n" arrives already a newline."""
-    return re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m[1]], text)
+    r"""Read the escapes of ESCAPES as a Python string literal does; YAML's double-quoted "\n" arrives already a
+    newline. Any other backslash sequence is a ConfigError that lists them."""
 
+    def escape(match: re.Match) -> str:
+        if match[1] is None:
+            try:
+                return codecs.decode(match[0], "unicode_escape")
+            except UnicodeDecodeError:  # \U beyond U+10FFFF
+                pass
+        raise ConfigError(f"task.stop: {match[0]} is not an escape a stop string reads; it reads {ESCAPES}")
 
-_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+    return _ESCAPE.sub(escape, text)
 
 
 @dataclass
@@ -101,11 +121,18 @@ class DataConf:
     variant: str = "canonical"  # or "paper": the paper's exact evaluation subsets (needs dir)
 
 
+WANDB_MODES = ("offline", "online", "disabled")
+
+
 @dataclass
 class WandbConf:
     mode: str = "offline"  # offline (sync later with `wandb sync`), online, or disabled
     project: str = "adafuse"
     entity: str | None = None
+
+    def __post_init__(self):
+        if self.mode not in WANDB_MODES:
+            raise ConfigError(f"wandb.mode must be one of {', '.join(WANDB_MODES)}, got {self.mode!r}")
 
 
 @dataclass
@@ -134,6 +161,12 @@ class RunConf:
     # Set by the `protocol` group (conf/protocol/): none, or paper (the paper's files, prompts, decoder and
     # scorers). Choose it as `protocol=paper`, never `protocol: ...` in a config, so that it is in the run id.
     protocol: str = "none"
+
+    def __post_init__(self):
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1 (or null for torch's default), got {self.threads}")
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
 def method_schema(name: str) -> type:
@@ -177,11 +210,31 @@ def register() -> None:
         store.store(group="schema/method", name=name, node=method_schema(name))
 
 
+def typed(plain: dict) -> DictConfig:
+    """A plain copy of a run's config typed by the schemas, its method's by name from the store; a key that no
+    schema declares is a ConfigError naming it and the keys beside it. Hydra's `+key=value` adds a key that
+    struct mode refuses otherwise, and `OmegaConf.to_object` would carry it along unread. Needs `register()`."""
+    method = ConfigStore.instance().load(f"schema/method/{plain['method']['name']}.yaml").node
+    try:
+        return OmegaConf.merge(OmegaConf.structured(RunConf), {"method": method}, plain)
+    except ConfigKeyError as err:
+        parent, _, _ = err.full_key.rpartition(".")
+        valid = ", ".join(f.name for f in fields(err.object_type)) if err.object_type else "none"
+        raise ConfigError(
+            f"{err.full_key} is not a setting (a key added with + too must be one); "
+            f"{parent or 'the top level'} has: {valid}"
+        ) from None
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Raise ConfigError if the composed config holds a key that its schemas do not declare (see `typed`)."""
+    typed(OmegaConf.to_container(cfg))
+
+
 def saved_config(path) -> DictConfig:
     """A run's config.yaml (a plain copy of its composed config) typed again by the schemas, as if
-    composed: its method's schema comes from the store, by name. Its `runtime` record (where it was
-    decoded: eval/results.py) is not a setting and is left out. Needs `register()` first."""
-    saved = OmegaConf.load(path)
+    composed. Its `runtime` record (where it was decoded: eval/results.py) is not a setting and is left
+    out. Needs `register()` first."""
+    saved = OmegaConf.to_container(OmegaConf.load(path))
     saved.pop("runtime", None)
-    method = ConfigStore.instance().load(f"schema/method/{saved.method.name}.yaml").node
-    return OmegaConf.merge(OmegaConf.structured(RunConf), {"method": method}, saved)
+    return typed(saved)

@@ -3,6 +3,7 @@ metrics.json, with the config.yaml and predictions.jsonl beside it (the results 
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -13,6 +14,10 @@ from adafuse.errors import DataError
 from eval.results import read_predictions
 
 log = logging.getLogger(__name__)
+
+# Where one override of a run id ends: at a comma followed by the next one's key and "=" (a value such as
+# method.weights=[0.5,0.5] holds commas of its own). Keys as a run id spells them (conf/schema.py `run_id`).
+_NEXT_OVERRIDE = re.compile(r",(?=[+~]*[A-Za-z_][\w.@%-]*=)")
 
 # Knobs that tables and figures name even at their default: without them a row or a bar does not say which
 # variant ran (LLM-Blender's ranker, nll or PairRM; DeePEn's main member, an index or the SentencePiece one).
@@ -40,7 +45,7 @@ class Run:
 
     @property
     def overrides(self) -> list[str]:
-        return [] if self.run_id == "default" else self.run_id.split(",")
+        return [] if self.run_id == "default" else _NEXT_OVERRIDE.split(self.run_id)
 
     @property
     def ids(self) -> list[str]:
@@ -71,16 +76,36 @@ class Run:
         return names[0] if names else None
 
 
+def read_metrics(run_dir: Path) -> dict:
+    """A run's metrics.json; DataError naming the run if it is not JSON (a copy cut short, a hand edit)."""
+    path = Path(run_dir) / "metrics.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(
+            f"{path} is not valid JSON ({err}): rerun the run's command, or python scripts/merge.py {run_dir}, "
+            "to write it again"
+        ) from None
+
+
+def read_config(run_dir: Path) -> dict:
+    """A run's config.yaml; DataError naming the run if it is not YAML."""
+    path = Path(run_dir) / "config.yaml"
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise DataError(f"{path} is not valid YAML ({err}); the run's command writes it again") from None
+
+
 def find_runs(root: Path) -> list[Run]:
     """Every run below `root` that has written its metrics.json, in path order."""
     runs = []
     for path in sorted(Path(root).rglob("metrics.json")):
-        metrics = json.loads(path.read_text())
+        metrics = read_metrics(path.parent)
         if "ids" not in metrics:  # written before metrics.json listed its examples
             log.info("%s: skipped, its metrics.json does not list the scored examples (rerun to rewrite it)", path)
             continue
-        config = yaml.safe_load((path.parent / "config.yaml").read_text())
-        runs.append(Run(path.parent, metrics, config))
+        runs.append(Run(path.parent, metrics, read_config(path.parent)))
     return runs
 
 

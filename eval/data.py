@@ -10,6 +10,7 @@ A malformed record raises DataError naming the file and line.
 import ast
 import csv
 import gzip
+import io
 import json
 import re
 from dataclasses import dataclass
@@ -27,12 +28,27 @@ class Example:
     id: str
     fields: dict[str, str]  # what prompt templates may use: question, context, source, solution, answer
     references: list[str]  # gold answers (aliases) or reference translations
+    origin: str | None = None  # "file:line" of a user's own prompt, which errors about it name
 
 
-def _open(path: Path):
+def _open(path: Path) -> io.StringIO:
+    """The file's text, gunzipped if it ends in .gz, newlines as a text file reads them; a file that is not
+    UTF-8 (or not gzip) is a DataError that names it, and the line."""
     if not path.is_file():
         raise DataError(f"data file {path} does not exist")
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError) as err:
+        raise DataError(f"{path}: not a readable gzip file ({err})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line, line_start = raw.count(b"\n", 0, err.start) + 1, raw.rfind(b"\n", 0, err.start) + 1
+        raise DataError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start - line_start + 1} of "
+            "the line); save the file as UTF-8"
+        ) from None
+    return io.StringIO(text, newline=None)
 
 
 def _json_lines(path: Path):
@@ -220,7 +236,10 @@ def prompts_jsonl(path: Path) -> list[Example]:
             raise DataError(f"{path}:{lineno}: duplicate id {example_id!r}")
         seen.add(example_id)
         references = _field(r, "references", path, lineno, list) if "references" in r else []
-        rows.append(Example(example_id, {"prompt": _field(r, "prompt", path, lineno, str)}, references))
+        prompt = _field(r, "prompt", path, lineno, str)
+        if not prompt:
+            raise DataError(f"{path}:{lineno}: example {example_id!r} has an empty prompt")
+        rows.append(Example(example_id, {"prompt": prompt}, references, origin=f"{path}:{lineno}"))
     return rows
 
 

@@ -30,6 +30,9 @@ class Metric:
     corpus: Corpus  # the reported number, on a 0-100 scale
     raw: bool = False  # True: scores the raw generation and extracts its own answer (the paper replicas)
     scale: float = 100.0  # mean per-example score x scale is on the corpus's 0-100 scale (1 for sentence BLEU)
+    # A BLEU: the sacrebleu tokenizer its corpus score uses now. metrics.json records it, and tables refuse to
+    # compare BLEUs tokenized differently: the same text scores another number.
+    bleu_tokenizer: Callable[[], str] | None = None
 
 
 METRICS = Registry("metric")
@@ -140,7 +143,9 @@ def sentence_chrf(prediction: str, references: list[str]) -> float:
     return _CHRF.sentence_score(prediction, references).score
 
 
-METRICS.register("bleu")(Metric(sentence_bleu, partial(corpus_score, _BLEU), scale=1.0))
+METRICS.register("bleu")(
+    Metric(sentence_bleu, partial(corpus_score, _BLEU), scale=1.0, bleu_tokenizer=lambda: _BLEU.tokenizer_signature)
+)
 METRICS.register("chrf")(Metric(sentence_chrf, partial(corpus_score, _CHRF), scale=1.0))
 
 
@@ -150,7 +155,7 @@ def spm_model_path() -> str:
 
 
 def spbleu_available() -> bool:
-    """True when spBLEU can run offline; the harness skips `spbleu` otherwise."""
+    """True when spBLEU can run offline; the harness skips `spbleu` otherwise (metrics.json says so)."""
     return os.path.exists(spm_model_path())
 
 
@@ -177,4 +182,6 @@ def corpus_spbleu(predictions: list[str], references: list[list[str]]) -> float:
     return corpus_score(flores101_bleu(), predictions, references)
 
 
-METRICS.register("spbleu")(Metric(sentence_spbleu, corpus_spbleu, scale=1.0))
+METRICS.register("spbleu")(
+    Metric(sentence_spbleu, corpus_spbleu, scale=1.0, bleu_tokenizer=lambda: flores101_bleu().tokenizer_signature)
+)

@@ -246,19 +246,25 @@ def _single_reference(references: list[str]) -> str:
     return references[0]
 
 
+def paper_bleu_scorer() -> BLEU:
+    """The authors' tokenize="spm" (flores101 SentencePiece) when `spbleu_available()`, else sacrebleu's default
+    13a, which gives another number: metrics.json records which (`Metric.bleu_tokenizer`)."""
+    return flores101_bleu() if spbleu_available() else BLEU()
+
+
 def paper_bleu(generations: list[str], references: list[list[str]]) -> float:
     """Mirrors eval_spbleu.py. Lenient: rows whose (cut, stripped) prediction or reference is empty are
-    DROPPED instead of scoring 0, then corpus BLEU on NFC text. Tokenizer: flores101 SentencePiece (the
-    authors' tokenize="spm") when `spbleu_available()`, else sacrebleu's default 13a, which is a different
-    number. 0.0 when every row is dropped (the authors' script printed no score then)."""
+    DROPPED instead of scoring 0, then corpus BLEU on NFC text, tokenized by `paper_bleu_scorer`. 0.0 when
+    every row is dropped (the authors' script printed no score then)."""
     if len(generations) != len(references):
         raise ValueError(f"{len(generations)} generations but {len(references)} reference lists")
     rows = [(authors_pred(gen), _single_reference(refs).strip()) for gen, refs in zip(generations, references)]
     kept = [(_nfc(pred), _nfc(ref)) for pred, ref in rows if pred and ref]
     if not kept:
         return 0.0
-    scorer = flores101_bleu() if spbleu_available() else BLEU()
-    return corpus_score(scorer, [pred for pred, _ in kept], [[ref] for _, ref in kept])
+    return corpus_score(paper_bleu_scorer(), [pred for pred, _ in kept], [[ref] for _, ref in kept])
 
 
-METRICS.register("paper_bleu")(Metric(None, paper_bleu, raw=True))
+METRICS.register("paper_bleu")(
+    Metric(None, paper_bleu, raw=True, bleu_tokenizer=lambda: paper_bleu_scorer().tokenizer_signature)
+)

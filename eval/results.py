@@ -1,7 +1,7 @@
-"""A run directory: config.yaml (written first), predictions.jsonl (one flushed line per example),
-batching.jsonl (one line per decoding process: how its forward passes met), metrics.json (atomic).
-A run killed at any point resumes from it: finished examples are kept, a torn last line is dropped,
-and no example is written twice.
+"""A run directory: config.yaml (written before any prediction), predictions.jsonl (one flushed line per
+example), batching.jsonl (one line per decoding process: how its forward passes met), metrics.json
+(atomic). A run killed at any point resumes from it: finished examples are kept, a torn last line is
+dropped, and no example is written twice.
 
 Several processes may write one run directory (the shards of a task, a requeued job whose old copy
 is still alive): each line is appended under the run's write lock (.write.lock), after reading what
@@ -10,10 +10,11 @@ and a shard has one writer at a time (`claim`), a second one is refused with Sha
 
 One run, one way of computing: config.yaml records the settings and `runtime` (torch's version, each
 model's resolved device, dtype and GPU), and a process whose settings or runtime differ from the
-recorded ones may not add predictions (ResumeMismatchError). config.yaml is replaced, and a line
-appended, only under the write lock, and an append first checks that config.yaml is still the one
-its process was admitted under: shards that start at once on different machines never mix, whichever
-writes first.
+recorded ones may not add predictions (ResumeMismatchError). A process writes nothing until it is
+admitted (`admit`, after its shard's claim and its checks): a process refused before then leaves the
+directory as it found it, whoever holds it. config.yaml is replaced, and a line appended, only under
+the write lock, and an append first checks that config.yaml is still the one its process was admitted
+under: shards that start at once on different machines never mix, whichever writes first.
 """
 
 import fcntl
@@ -47,20 +48,31 @@ def _flat(tree, prefix="") -> dict:
 
 class RunDir:
     def __init__(self, path: Path, config: dict):
-        """`config`: the run's settings, plus `runtime` where this process decodes (see the module docstring)."""
+        """`config`: the run's settings, plus `runtime` where this process decodes (see the module docstring).
+        Reads what the directory holds and writes nothing in it: `admit` does, once the process may write."""
         self.path = writable_dir(Path(path))
         self.predictions_path = self.path / "predictions.jsonl"
         self.config_path = self.path / "config.yaml"
         self.config = config
         self.records: dict[str, dict] = {}  # finished examples by id, every writer's
         self._read_bytes = 0  # how much of predictions.jsonl `records` holds
-        with self._locked():
-            written = self.predictions_path.is_file() and self.predictions_path.stat().st_size > 0
-            if written and self.config_path.is_file():
-                self._check_same_run(yaml.safe_load(self.config_path.read_text()))
-            _atomic_write(self.config_path, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
-            self._admitted_under = _stamp(self.config_path)
+        self._admitted_under = None
         self.refresh()
+
+    def check(self) -> None:
+        """ResumeMismatchError if the directory holds predictions made with other settings or another runtime."""
+        written = self.predictions_path.is_file() and self.predictions_path.stat().st_size > 0
+        if written and self.config_path.is_file():
+            self._check_same_run(yaml.safe_load(self.config_path.read_text()))
+
+    def admit(self) -> "RunDir":
+        """Check again, under the write lock, and record this process's settings in config.yaml: from now on
+        it may write (`append`)."""
+        with self._locked():
+            self.check()
+            _atomic_write(self.config_path, yaml.safe_dump(self.config, sort_keys=False, allow_unicode=True))
+            self._admitted_under = _stamp(self.config_path)
+        return self
 
     @contextmanager
     def _locked(self):
@@ -121,6 +133,8 @@ class RunDir:
     def append(self, record: dict) -> None:
         """Write one example's line and make it durable before the next example starts; an example
         that another writer finished meanwhile is not written again."""
+        if self._admitted_under is None:
+            raise RuntimeError(f"{self.path}: a process writes predictions only once admitted (RunDir.admit)")
         line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
         with self._locked(), open(self.predictions_path, "a+b") as f:  # appends land at the end whatever the position
             self._check_still_admitted()
@@ -242,7 +256,9 @@ def runtime_differences(recorded: dict, now: dict) -> list[str]:
     if [m.get("name") for m in old] != [m.get("name") for m in new]:
         differences.append(f"models {[m.get('name') for m in old]} then, {[m.get('name') for m in new]} now")
     for then, current in zip(old, new):
-        for key in sorted((then.keys() | current.keys()) - {"name"}):
+        # A model's vocabulary decides its utf8_rule (eval/runner.py), the same on any device; it is known
+        # only once the model has loaded, after the first check.
+        for key in sorted((then.keys() | current.keys()) - {"name", "utf8_rule"}):
             if then.get(key) != current.get(key):
                 differences.append(f"{current.get('name')} {key} {then.get(key)} then, {current.get(key)} now")
     return differences

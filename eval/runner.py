@@ -14,6 +14,7 @@ import json
 import logging
 import platform
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict
 from importlib.metadata import PackageNotFoundError, version
@@ -26,9 +27,10 @@ from tqdm import tqdm
 
 from adafuse import Ensemble, Request
 from adafuse.config import ModelConfig
-from adafuse.errors import ConfigError
+from adafuse.errors import ConfigError, ContextLengthError
 from adafuse.methods import METHODS
-from conf.schema import saved_config
+from conf.schema import check_known_keys, saved_config
+from eval.data import Example
 from eval.results import RunDir, git_sha
 from eval.tasks import Task, resolve_data_dir
 from eval.tracking import Tracker
@@ -37,18 +39,22 @@ log = logging.getLogger(__name__)
 
 
 def settings_of(cfg: DictConfig):
-    """The typed settings; dataclass __post_init__ checks (tau >= 0, B >= 1, ...) run here."""
+    """The typed settings: every key one the schemas declare, and the dataclasses' __post_init__ checks (tau >= 0,
+    B >= 1, ...) run here."""
+    check_known_keys(cfg)
     settings = OmegaConf.to_object(cfg)
     if not settings.model_pair.members:
         raise ConfigError(f"model_pair {settings.model_pair.name!r} lists no models")
-    if settings.batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {settings.batch_size}")
     return settings
 
 
-def main(cfg: DictConfig, run_dir: Path) -> dict | None:
+def main(cfg: DictConfig, run_dir: Path, admitted: Callable[[], None] | None = None) -> dict | None:
     """Decode this process's shard of the task into `run_dir`; return the metrics once every example of
-    the run has a prediction (the last shard to finish writes metrics.json), else None."""
+    the run has a prediction (the last shard to finish writes metrics.json), else None.
+
+    Nothing is written into `run_dir` before the process is admitted: its shard claimed, its settings and
+    runtime checked against the run's, its models loaded and its prompts checked to fit. `admitted` is
+    called then (run.py writes Hydra's own records of the run)."""
     settings = settings_of(cfg)
     pair, method = list(settings.model_pair.members.values()), settings.method
     used = METHODS[method.name].members_used(method, len(pair))
@@ -65,7 +71,16 @@ def main(cfg: DictConfig, run_dir: Path) -> dict | None:
         torch.set_num_threads(settings.threads)
     busy = any(ex.id not in out.records for ex in mine)
     with out.claim(shard, num_shards) if busy else nullcontext():  # claiming re-reads the predictions
+        out.check()  # a resume with other settings or on another device: refused before any model loads
         todo = [ex for ex in mine if ex.id not in out.records]
+        if todo:
+            ensemble = load_ensemble(pair, used, settings.cache_dir)
+            reserve = METHODS[method.name].positions_needed(method, task.cfg.max_new_tokens)
+            check_prompts_fit(ensemble, todo, prompts, reserve)
+            record_text_rules(config["runtime"], ensemble)
+        out.admit()
+        if admitted is not None:
+            admitted()
         log.info(
             "%s: %d examples; shard %d of %d holds %d: %d already done, %d to decode",
             task.name,
@@ -80,14 +95,31 @@ def main(cfg: DictConfig, run_dir: Path) -> dict | None:
         if todo:
             done = [out.records[ex.id]["scores"] for ex in mine if ex.id in out.records]
             tracker.resume([{k: v * task.metrics[k].scale for k, v in scores.items()} for scores in done])
-            ensemble = load_ensemble(pair, used, settings.cache_dir)
-            reserve = METHODS[method.name].positions_needed(method, task.cfg.max_new_tokens)
-            ensemble.check_prompts_fit([prompts[ex.id] for ex in todo], reserve)
             decode_all(ensemble, task, todo, prompts, method, settings, out, tracker)
         out.refresh()  # the other shards' predictions
         metrics = finish(task, out, settings, models)
         tracker.finish(metrics, [out.records[ex.id] for ex in task.examples] if metrics else [])
     return metrics
+
+
+def check_prompts_fit(ensemble: Ensemble, examples: list[Example], prompts: dict[str, str], reserve: int) -> None:
+    """ContextLengthError before any decoding if an example's prompt leaves some model fewer than `reserve`
+    positions; the message names the example (and, for a user's own prompts, its file and line)."""
+    for example in examples:
+        try:
+            ensemble.check_prompts_fit([prompts[example.id]], reserve)
+        except ContextLengthError as err:
+            where = f" ({example.origin})" if example.origin else ""
+            raise ContextLengthError(f"example {example.id!r}{where}: {err}") from None
+
+
+def record_text_rules(runtime: dict, ensemble: Ensemble) -> None:
+    """Mark, in config.yaml's runtime, each model whose words the UTF-8 rule does not guard (its vocabulary
+    is of no known type): its outputs may hold U+FFFD where another model's would not."""
+    off = set(ensemble.without_utf8_rule())
+    for model in runtime["models"]:
+        if model["name"] in off:
+            model["utf8_rule"] = "off"
 
 
 def decoding_models(settings) -> list[ModelConfig]:
@@ -132,6 +164,8 @@ def finish(task: Task, out: RunDir, settings, models) -> dict | None:
         return None
     records = [out.records[ex.id] for ex in task.examples]
     metrics = summary(task, records, settings, models, out)
+    for name, why in task.skipped.items():
+        log.warning("%s not computed: %s", name, why)
     out.write_metrics(metrics)
     log.info("%s", {k: round(v, 2) for k, v in metrics["metrics"].items()})
     return metrics
@@ -240,6 +274,8 @@ def summary(task: Task, records: list[dict], settings, models, out: RunDir) -> d
         },
         "runtime": out.config.get("runtime"),  # config.yaml's: torch, each model's device, dtype and GPU
         "metrics": task.corpus_scores(records),
+        "bleu_tokenizers": task.bleu_tokenizers(),  # each BLEU's sacrebleu tokenizer: 13a, flores101
+        "metrics_skipped": task.skipped,  # a metric of the task not computed here, and why
         "throughput": {
             "seconds": seconds,
             "seconds_per_example": seconds / len(records),

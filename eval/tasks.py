@@ -4,7 +4,6 @@ The task's YAML (conf/task/<name>.yaml) is the declaration; this file turns it i
 scores. Nothing here is specific to one benchmark except through the readers it names.
 """
 
-import logging
 import os
 import random
 from functools import cached_property
@@ -15,9 +14,7 @@ from adafuse.errors import ConfigError, DataError
 from eval import paper_metrics  # noqa: F401  (registers the paper_* replicas in METRICS)
 from eval.data import Example, read_hub, read_local
 from eval.extract import EXTRACTORS, extract
-from eval.metrics import METRICS, spbleu_available
-
-log = logging.getLogger(__name__)
+from eval.metrics import METRICS, spbleu_available, spm_model_path
 
 VARIANTS = ("canonical", "paper")
 BESIDE_CHECKOUT = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -41,9 +38,12 @@ class Task:
         for name in cfg.extract:
             EXTRACTORS[name]
         self.metrics = {reported: METRICS[key] for reported, key in cfg.metrics.items()}
+        # Reported name -> why the task does not compute it here (metrics.json records it).
+        self.skipped: dict[str, str] = {}
         if "spbleu" in cfg.metrics.values() and not spbleu_available():
-            log.info("spBLEU skipped: the FLORES SentencePiece model is not in sacrebleu's cache")
-            self.metrics = {r: m for r, m in self.metrics.items() if cfg.metrics[r] != "spbleu"}
+            why = f"the flores101 SentencePiece model is not at {spm_model_path()} (this harness never downloads it)"
+            self.skipped = {r: why for r, key in cfg.metrics.items() if key == "spbleu"}
+            self.metrics = {r: m for r, m in self.metrics.items() if r not in self.skipped}
         self.prompt_file = self._read_prompt_file()
         self.examples = self._load_examples()
         self.shots = self._load_shots()
@@ -85,6 +85,11 @@ class Task:
             rows = read_local({"reader": "prompts_jsonl", "file": self.cfg.path}, None)
             if not rows:
                 raise DataError(f"{self.cfg.path} holds no prompts")
+        elif not self.cfg.eval:
+            raise ConfigError(
+                f"task {self.name!r} reads its examples from your file: set task.path=FILE.jsonl, one "
+                '{"id": ..., "prompt": ..., "references": [...]} per line (references optional)'
+            )
         else:
             rows = self._read(self.cfg.eval, "examples")
         if self.cfg.limit is not None:
@@ -174,6 +179,10 @@ class Task:
             if metric.per_example is not None:
                 scores[reported] = metric.per_example(prediction if metric.raw else answer, example.references)
         return answer, scores
+
+    def bleu_tokenizers(self) -> dict[str, str]:
+        """The sacrebleu tokenizer of each reported BLEU metric, as it scores now."""
+        return {reported: m.bleu_tokenizer() for reported, m in self.metrics.items() if m.bleu_tokenizer is not None}
 
     def corpus_scores(self, records: list[dict]) -> dict[str, float]:
         """Every metric over all records (in example order); no record is dropped."""

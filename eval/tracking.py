@@ -7,15 +7,10 @@ import hashlib
 import os
 from pathlib import Path
 
-from adafuse.errors import ConfigError
-
-MODES = ("offline", "online", "disabled")
-
 
 class Tracker:
     def __init__(self, cfg, run_dir: Path, config: dict):
-        if cfg.mode not in MODES:
-            raise ConfigError(f"wandb.mode must be one of {MODES}, got {cfg.mode!r}")
+        """`cfg`: a WandbConf (its mode checked when the settings were built)."""
         self.run = None
         self._sums: dict[str, float] = {}
         self._count = 0

@@ -144,12 +144,15 @@ def method_label(run: Run) -> str:
 
 
 def runtime(runs: list[Run], shared: list[str], tasks: list[str] | None) -> pd.DataFrame:
+    """Each method's default run's seconds per example, with the commit that timed it: a timing is the
+    engine's of that commit, and the figure's title names them."""
     rows = [
         {
             "task": r.task,
             "method": method_label(r),
             "seconds_per_example": r.metrics["throughput"]["seconds_per_example"],
             "n": r.metrics["n"],
+            "git_sha": r.metrics.get("environment", {}).get("git_sha") or "unknown",
         }
         for r in runs
         if all(o.startswith("method.member=") for o in own_overrides(r, shared))  # each method's default run
@@ -178,10 +181,12 @@ def figures(runs: list[Run], kind: str, resamples: int, runtime_tasks: list[str]
         lambda f, ax: draw_bars(f, "words", "fraction", ax, "fraction of rounds"),
         "Words committed per round (Figure 3)",
     )
+    timed = runtime(runs, shared, runtime_tasks)
+    commits = ", ".join(sha[:7] for sha in sorted(set(timed["git_sha"]))) if not timed.empty else ""
     out["runtime"] = (
-        runtime(runs, shared, runtime_tasks),
+        timed,
         lambda f, ax: draw_bars(f, "method", "seconds_per_example", ax, "seconds per example"),
-        "Seconds per example (Figure 5)",
+        f"Seconds per example (Figure 5), timed at commit {commits}",
     )
     return out
 

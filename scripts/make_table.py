@@ -28,6 +28,7 @@ import pandas as pd
 
 from eval.bootstrap import RESAMPLES, Gain, paired_gain, standard_error
 from eval.collect import NAMED_KNOBS, Run, runs_of_pair, shared_settings
+from eval.metrics import METRICS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -112,6 +113,30 @@ def collect(runs: list[Run], kind: str, resamples: int) -> dict[tuple[str, str],
             )
         cells[run.task] = Cell(run, name, run.metrics["metrics"][name], standard_error(run, name, resamples))
     return rows
+
+
+NOT_RECORDED = "not recorded"  # a run from before metrics.json recorded its BLEU tokenizers
+
+
+def bleu_tokenizers(rows: dict) -> dict[str, str]:
+    """{BLEU metric: the sacrebleu tokenizer of every cell that reports it}. The same text scores another BLEU
+    under another tokenizer, so a table whose cells of one metric were tokenized differently is refused,
+    naming the runs of each tokenizer."""
+    by_metric: dict[str, dict[str, list[str]]] = {}
+    for cells in rows.values():
+        for cell in cells.values():
+            if METRICS[cell.run.config["task"]["metrics"][cell.metric]].bleu_tokenizer is None:
+                continue
+            tokenizer = cell.run.metrics.get("bleu_tokenizers", {}).get(cell.metric, NOT_RECORDED)
+            by_metric.setdefault(cell.metric, {}).setdefault(tokenizer, []).append(str(cell.run.path))
+    for metric, runs in by_metric.items():
+        if len(runs) > 1:
+            raise SystemExit(
+                f"{metric} was tokenized differently in these runs, so one table cannot compare them: "
+                + "; ".join(f"{tokenizer}: {', '.join(paths)}" for tokenizer, paths in sorted(runs.items()))
+                + ". Point make_table.py at runs scored alike."
+            )
+    return {metric: next(iter(runs)) for metric, runs in by_metric.items()}
 
 
 def ordered(rows: dict) -> list[tuple[str, str]]:
@@ -244,7 +269,9 @@ def long_form(rows: dict, gain_rows: dict) -> pd.DataFrame:
     return pd.DataFrame(lines)
 
 
-def caption(kind: str, resamples: int, shared: list[str], protocol: bool = False) -> str:
+def caption(
+    kind: str, resamples: int, shared: list[str], protocol: bool = False, tokenizers: dict[str, str] | None = None
+) -> str:
     scorer = "the paper_* replicas of the authors' lenient scorers" if kind == "paper" else "standard metrics"
     text = (
         f"Table 1 ({scorer}). Cells: metric ± bootstrap standard error over examples ({resamples} resamples). "
@@ -256,6 +283,9 @@ def caption(kind: str, resamples: int, shared: list[str], protocol: bool = False
             " Rows of protocol=paper runs (the paper's files, prompts, decoder and scorers) report the paper_* "
             "replicas in every table and enter no gain."
         )
+    recorded = {metric: t for metric, t in (tokenizers or {}).items() if t != NOT_RECORDED}
+    if recorded:
+        text += " BLEU tokenizers (sacrebleu): " + ", ".join(f"{m} {t}" for m, t in sorted(recorded.items())) + "."
     return text + (f" Every run: {', '.join(shared)}." if shared else "")
 
 
@@ -274,6 +304,7 @@ def main() -> int:
     if not runs:
         raise SystemExit(f"no metrics.json below {args.results_dir}")
     rows = collect(runs, args.metric, args.resamples)
+    tokenizers = bleu_tokenizers(rows)
     tasks = [t for t in TASKS if any(t in cells for cells in rows.values())]
 
     gain_rows = gains(rows, tasks, args.resamples)
@@ -282,7 +313,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = "table1" if args.metric == "standard" else "table1_paper"
     protocol = any(kind == "protocol" for kind, _ in rows)
-    text = caption(args.metric, args.resamples, shared_settings(runs), protocol)
+    text = caption(args.metric, args.resamples, shared_settings(runs), protocol, tokenizers)
     (out / f"{stem}.md").write_text(f"{text}\n\n{table.to_markdown()}\n")
     latex = table.to_latex(caption=text, label="tab:table1", column_format="l" + "r" * len(table.columns), escape=True)
     (out / f"{stem}.tex").write_text(latex.replace("±", r"$\pm$").replace("→", r"$\to$"))

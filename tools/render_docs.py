@@ -7,6 +7,8 @@ A table lives, on any page of docs/, between `<!-- bench:NAME -->` and `<!-- /be
 renderer registered below with `@renderer(NAME, FILE)`, which receives FILE's parsed JSON and returns
 Markdown. A bench section that arrives with a new JSON file needs one such function and one marker pair
 in a page. The block `<!-- bench:unrendered -->` lists the JSON files that no renderer reads, so none goes unseen.
+A renderer registered with FILE None reads no file: docs/configuration.md's table of bad inputs, from
+tools/bad_inputs.py.
 """
 
 import argparse
@@ -16,6 +18,8 @@ import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+from tools import bad_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "results" / "bench"
@@ -28,11 +32,12 @@ class RenderError(Exception):
     """A marker names no renderer, or a renderer's JSON file is missing."""
 
 
-RENDERERS: dict[str, tuple[str, Callable[[dict], str]]] = {}
+RENDERERS: dict[str, tuple[str | None, Callable[[dict | None], str]]] = {}
 
 
-def renderer(name: str, file: str):
-    """Register `function(data) -> markdown` as the table `<!-- bench:name -->`, read from results/bench/file."""
+def renderer(name: str, file: str | None):
+    """Register `function(data) -> markdown` as the table `<!-- bench:name -->`, read from results/bench/file
+    (file None: data is None)."""
 
     def register(function: Callable[[dict], str]) -> Callable[[dict], str]:
         RENDERERS[name] = (file, function)
@@ -389,6 +394,12 @@ def singles_early_finish(data: dict) -> str:
     return "\n\n".join([provenance("singles_early_finish.json", data), table(header, [ratio, prompts]), notes])
 
 
+@renderer("bad-inputs", None)
+def bad_input_table(_: None) -> str:
+    """Every bad input the suite tries, and its message (tools/bad_inputs.py)."""
+    return bad_inputs.table()
+
+
 @renderer("report", "report.json")
 def report(data: dict) -> str:
     """A full NQ run's report with and without traces: size, build time, and time to open in Chromium."""
@@ -410,7 +421,7 @@ def report(data: dict) -> str:
 
 
 def unrendered(bench_dir: Path) -> str:
-    read = {file for file, _ in RENDERERS.values()}
+    read = {file for file, _ in RENDERERS.values() if file is not None}
     left = sorted(p.name for p in bench_dir.glob("*.json") if p.name not in read)
     if not left:
         return "Every file in `results/bench/` is rendered on a page of docs/."
@@ -429,6 +440,8 @@ def render(page: str, bench_dir: Path = BENCH_DIR) -> str:
         name = match["name"]
         if name == UNRENDERED:
             body = unrendered(bench_dir)
+        elif name in RENDERERS and RENDERERS[name][0] is None:
+            body = RENDERERS[name][1](None)
         elif name in RENDERERS:
             file, function = RENDERERS[name]
             path = bench_dir / file

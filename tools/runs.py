@@ -52,7 +52,7 @@ def write_run(root: Path, task: str, method: str, correct: list[bool], *override
     settings = settings_of(cfg)
     task_ = Task(settings.task, settings.data)
     run_id = ",".join(overrides) or "default"
-    out = RunDir(root / task / method / "tiny" / run_id, OmegaConf.to_container(cfg, resolve=True))
+    out = RunDir(root / task / method / "tiny" / run_id, OmegaConf.to_container(cfg, resolve=True)).admit()
     for example, right in zip(task_.examples, correct, strict=True):
         prediction = example.references[0] if right else "no idea"
         answer, scores = task_.score(example, prediction)

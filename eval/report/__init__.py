@@ -21,11 +21,9 @@ from functools import cached_property
 from importlib.resources import files
 from pathlib import Path
 
-import yaml
-
 from adafuse.errors import DataError
 from eval.bootstrap import RESAMPLES, standard_error
-from eval.collect import Run
+from eval.collect import Run, read_config, read_metrics
 from eval.metrics import METRICS
 
 # Throughput figures shown per run, in this order (metrics.json "throughput").
@@ -41,10 +39,10 @@ def open_run(path: Path) -> Run:
                 f"{path} is not a finished run directory: it has no {name} "
                 "(a run writes metrics.json once every example has a prediction; scripts/merge.py writes it for shards)"
             )
-    metrics = json.loads((path / "metrics.json").read_text())
+    metrics = read_metrics(path)
     if "ids" not in metrics:
         raise DataError(f"{path}/metrics.json does not list the scored examples: rerun the command to rewrite it")
-    return Run(path, metrics, yaml.safe_load((path / "config.yaml").read_text()))
+    return Run(path, metrics, read_config(path))
 
 
 @dataclass

@@ -2,12 +2,27 @@
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
-from adafuse.errors import AdaFuseError
+from adafuse.errors import AdaFuseError, ConfigError
 from eval.bootstrap import RESAMPLES
 from eval.report import CORPUS_RESAMPLES, write_report
 from eval.report.browser import screenshot
+
+
+def check_writable(output: Path) -> None:
+    """ConfigError, before any work, if the report cannot be written to `output`; creates nothing."""
+    folder = output.parent
+    if output.is_dir():
+        raise ConfigError(f"-o {output} is a folder; name the HTML file to write, e.g. -o {output / 'report.html'}")
+    if not folder.is_dir():
+        raise ConfigError(f"-o {output}: the folder {folder} does not exist; create it or choose another -o")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ConfigError(f"-o {output}: cannot write in {folder} ({err.strerror}); choose another -o") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.resamples, args.corpus_resamples) < 2:
         parser.error("a standard error needs at least 2 resamples")
     try:
+        check_writable(args.output)
         out = write_report(args.runs, args.output, resamples=args.resamples, corpus_resamples=args.corpus_resamples)
     except AdaFuseError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -12,12 +12,13 @@ from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
 from adafuse.cache import PromptStore
-from adafuse.errors import ConfigError
+from adafuse.errors import ConfigError, ContextLengthError
 from adafuse.scoring import loglikelihood
 from conf.compose import compose_run
 from eval.lm_harness import AdaFuseLM
 from eval.lm_tasks import write_tasks
 from eval.runner import main
+from tools.bad_inputs import bad_input, pattern
 from tools.paths import SHARED_DATA
 from tools.testing import clone
 
@@ -175,10 +176,41 @@ def test_contexts_that_share_exemplars_read_them_once_and_score_the_same_in_any_
     assert loglikelihood(members, requests[::-1])[::-1] == forward
 
 
-def test_a_sampling_request_is_refused_with_the_reason():
+@pytest.mark.parametrize(
+    "key, arguments",
+    [
+        ("lm_eval_sampling", {"until": ["\n"], "do_sample": True}),
+        ("lm_eval_temperature", {"until": ["\n"], "temperature": 0.8}),
+        ("lm_eval_num_beams", {"until": ["\n"], "num_beams": 4}),
+    ],
+)
+def test_a_request_for_sampling_or_other_generation_is_refused_with_the_reason(key, arguments, tmp_path):
     model = AdaFuseLM(pair="tiny", method="single")
-    for arguments in ({"until": ["\n"], "do_sample": True}, {"until": ["\n"], "temperature": 0.8}):
-        with pytest.raises(ConfigError, match="greedily"):
-            model.generate_until([Instance("generate_until", {}, ("Question: 2+2?\nAnswer:", arguments), 0)])
-    with pytest.raises(ConfigError, match="num_beams"):
-        model.generate_until([Instance("generate_until", {}, ("Q:", {"until": ["\n"], "num_beams": 4}), 0)])
+    with pytest.raises(ConfigError) as refused:
+        model.generate_until([Instance("generate_until", {}, ("Question: 2+2?\nAnswer:", arguments), 0)])
+    assert pattern(bad_input(key).message, tmp_path).fullmatch(str(refused.value)), refused.value
+
+
+def test_a_request_longer_than_a_models_context_is_refused_before_any_model_reads_it(tmp_path):
+    """Gemma-3 has room for it and would read it first, for minutes, then SmolLM2 refuse it: the hook on
+    every model's pass stops a long read at once."""
+
+    long_reads = []
+
+    def refuse_a_long_pass(module, args, kwargs):  # recorded, then stopped: an error on a thread may go unseen
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[-1] >= 1000:
+            long_reads.append(f"{module.__class__.__name__} read {ids.shape[-1]} tokens")
+            raise AssertionError(long_reads[-1])
+
+    model = AdaFuseLM(pair="tiny", method="adafuse")
+    models = [m.model.get_decoder() for m in model.ensemble.members]
+    hooks = [m.register_forward_pre_hook(refuse_a_long_pass, with_kwargs=True) for m in models]
+    try:
+        with pytest.raises(ContextLengthError) as refused:
+            model.generate_until([Instance("generate_until", {}, ("word " * 9000, {"until": ["\n"]}), 0)])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert long_reads == []
+    assert pattern(bad_input("lm_eval_long_request").message, tmp_path).fullmatch(str(refused.value))

@@ -97,9 +97,9 @@ def test_tau_above_one_is_valid_and_means_never_confident():
 
 
 def test_model_entry_needs_exactly_one_source():
-    with pytest.raises(ConfigError, match="exactly one"):
+    with pytest.raises(ConfigError, match="set one of `path` or `bundle`"):
         ModelConfig(name="x")
-    with pytest.raises(ConfigError, match="exactly one"):
+    with pytest.raises(ConfigError, match="both path 'a/b' and bundle 'smollm2_135m' are set"):
         ModelConfig(name="x", path="a/b", bundle="smollm2_135m")
     with pytest.raises(ConfigError, match="dtype"):
         ModelConfig(name="x", path="a/b", dtype="float8")

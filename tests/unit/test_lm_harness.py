@@ -1,11 +1,11 @@
-"""The lm_eval model's bad input (named errors before any weights load), its registration beside lm_eval's
-own models, and the written task files' prompts (eval/lm_harness.py, eval/lm_tasks.py); no model runs."""
+"""The lm_eval model's registration beside lm_eval's own models, and the written task files' prompts
+(eval/lm_harness.py, eval/lm_tasks.py); no model runs. Its bad arguments are tools/bad_inputs.py's
+(tests/config/test_bad_inputs.py)."""
 
 import pytest
 from lm_eval.api.registry import get_model
 from lm_eval.tasks import TaskManager
 
-from adafuse.errors import ConfigError, UnknownNameError
 from conf.compose import compose_run
 from eval.lm_harness import AdaFuseLM, _request
 from eval.lm_tasks import main as write_tasks_command
@@ -18,23 +18,6 @@ from tools.paths import SHARED_DATA
 def test_the_model_is_registered_beside_lm_evals_own():
     assert get_model("adafuse") is AdaFuseLM
     assert get_model("hf").__name__ == "HFLM"
-
-
-@pytest.mark.parametrize(
-    "arguments, kind, listed",
-    [
-        ({"method": "adafus"}, UnknownNameError, "adafuse"),
-        ({"method": "single", "pair": "tinyy"}, UnknownNameError, "tiny"),
-        ({"method": "single", "models": "smollm2_135m+gemma3"}, UnknownNameError, "gemma3_270m"),
-        ({"method": "adafuse", "taux": 0.5}, ConfigError, "tau"),
-        ({"method": "single", "pair": "tiny", "models": "smollm2_135m"}, ConfigError, "not both"),
-        ({"method": "single", "batch_size": 0}, ConfigError, "batch_size must be >= 1"),
-        ({"method": "adafuse", "tau": -1.0}, ConfigError, "tau must be >= 0"),
-    ],
-)
-def test_bad_model_arguments_name_the_valid_ones(arguments, kind, listed):
-    with pytest.raises(kind, match=listed):
-        AdaFuseLM(**arguments)
 
 
 def test_unknown_task_names_are_refused(tmp_path, capsys):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from eval.metrics import spbleu_available
 from tools.run_in_process import run_script
 from tools.runs import pattern, write_run
 
@@ -128,3 +129,21 @@ def test_protocol_runs_sit_beside_the_papers_rows_and_every_row_names_its_ranker
     rows = [line.split("|")[1].strip() for line in markdown.splitlines()[4:] if line.startswith("|")]
     assert rows.index("adafuse_code [protocol=paper]") + 1 == rows.index("paper: Mistral-7B-Instruct-v0.3")
     assert "protocol=paper runs" in markdown
+
+
+def test_each_bleu_records_its_tokenizer_and_a_table_refuses_to_mix_tokenizers(tmp_path):
+    ours = write_run(tmp_path, "flores_de_en", "adafuse", pattern(8, 2))
+    theirs = write_run(tmp_path, "flores_de_en", "single", pattern(8, 4))
+    metrics = json.loads((ours / "metrics.json").read_text())
+    assert metrics["bleu_tokenizers"] == {"bleu": "13a", "paper_bleu": "flores101" if spbleu_available() else "13a"}
+    assert set(metrics["metrics_skipped"]) == (set() if spbleu_available() else {"spbleu"})
+    make_table(tmp_path)
+    assert "BLEU tokenizers (sacrebleu): bleu 13a." in (tmp_path / "table1.md").read_text()
+    # as if the other run had been scored where the flores101 SentencePiece model was at hand
+    recorded = json.loads((theirs / "metrics.json").read_text())
+    recorded["bleu_tokenizers"]["bleu"] = "flores101"
+    (theirs / "metrics.json").write_text(json.dumps(recorded))
+    done = run_script("make_table", str(tmp_path))
+    assert done.returncode != 0
+    refused = "bleu was tokenized differently in these runs, so one table cannot compare them"
+    assert f"{refused}: 13a: {ours}; flores101: {theirs}." in done.stderr

@@ -19,7 +19,7 @@ def record(example_id: str, writer: int) -> dict:
 
 
 def write_examples(path, writer: int, ids: list[str], start=None) -> None:
-    out = RunDir(path, CONFIG)
+    out = RunDir(path, CONFIG).admit()
     if start is not None:
         start.wait()
     for example_id in ids:
@@ -48,7 +48,7 @@ def test_a_torn_last_line_is_ignored_then_cut_by_the_next_append(tmp_path):
     write_examples(tmp_path, 0, ["nq-0"])
     with open(tmp_path / "predictions.jsonl", "ab") as f:
         f.write(b'{"id": "nq-1", "predic')  # a writer killed mid-line
-    out = RunDir(tmp_path, CONFIG)
+    out = RunDir(tmp_path, CONFIG).admit()
     assert set(out.records) == {"nq-0"} and set(read_predictions(tmp_path / "predictions.jsonl")) == {"nq-0"}
     out.append(record("nq-1", 1))
     lines = (tmp_path / "predictions.jsonl").read_text().splitlines()
@@ -77,16 +77,29 @@ def test_records_written_by_another_writer_are_seen_after_refresh(tmp_path):
 
 def test_shard_and_limit_may_change_between_writers_other_settings_may_not(tmp_path):
     write_examples(tmp_path, 0, ["nq-0"])
-    RunDir(tmp_path, {**CONFIG, "task": {"name": "nq", "limit": 8, "shard": 3, "num_shards": 4}})
-    RunDir(tmp_path, {**CONFIG, "results_dir": "/elsewhere"})  # also a run written before results_dir existed
+    RunDir(tmp_path, {**CONFIG, "task": {"name": "nq", "limit": 8, "shard": 3, "num_shards": 4}}).admit()
+    RunDir(tmp_path, {**CONFIG, "results_dir": "/elsewhere"}).admit()  # also a run written before results_dir existed
     with pytest.raises(ConfigError, match="method.tau"):
-        RunDir(tmp_path, {**CONFIG, "method": {"name": "adafuse", "tau": 0.5}})
+        RunDir(tmp_path, {**CONFIG, "method": {"name": "adafuse", "tau": 0.5}}).admit()
 
 
 def test_a_run_resumes_at_another_batch_size_only_when_batching_is_exact(tmp_path):
     exact, fast = tmp_path / "exact", tmp_path / "fast"
-    RunDir(exact, {**CONFIG, "batch_size": 8, "batch_exact": True}).append(record("nq-0", 0))
-    RunDir(exact, {**CONFIG, "batch_size": 1, "batch_exact": True})  # outputs do not depend on it
-    RunDir(fast, {**CONFIG, "batch_size": 8, "batch_exact": False}).append(record("nq-0", 0))
+    RunDir(exact, {**CONFIG, "batch_size": 8, "batch_exact": True}).admit().append(record("nq-0", 0))
+    RunDir(exact, {**CONFIG, "batch_size": 1, "batch_exact": True}).admit()  # outputs do not depend on it
+    RunDir(fast, {**CONFIG, "batch_size": 8, "batch_exact": False}).admit().append(record("nq-0", 0))
     with pytest.raises(ConfigError, match="batch_size"):
-        RunDir(fast, {**CONFIG, "batch_size": 1, "batch_exact": False})
+        RunDir(fast, {**CONFIG, "batch_size": 1, "batch_exact": False}).admit()
+
+
+def test_a_process_writes_nothing_before_it_is_admitted_and_a_refused_one_nothing_at_all(tmp_path):
+    holder = RunDir(tmp_path, CONFIG).admit()
+    config = (tmp_path / "config.yaml").stat()
+    other = RunDir(tmp_path, {**CONFIG, "method": {"name": "adafuse", "tau": 1.5}})  # reads, writes nothing
+    with pytest.raises(RuntimeError, match="only once admitted"):
+        other.append(record("nq-0", 1))
+    holder.append(record("nq-0", 0))  # config.yaml is still the one the holder was admitted under
+    with pytest.raises(ConfigError, match="method.tau"):
+        other.admit()
+    assert (tmp_path / "config.yaml").stat().st_ino == config.st_ino
+    assert [r["writer"] for r in read_predictions(tmp_path / "predictions.jsonl").values()] == [0]

@@ -40,31 +40,31 @@ def record(example_id: str) -> dict:
     ],
 )
 def test_a_resume_on_another_device_dtype_or_torch_is_refused_and_says_what_differs(tmp_path, where, differs):
-    RunDir(tmp_path, config()).append(record("nq-0"))
+    RunDir(tmp_path, config()).admit().append(record("nq-0"))
     with pytest.raises(ResumeMismatchError, match=re.escape(differs)) as refused:
-        RunDir(tmp_path, config(shard=1, **where))
+        RunDir(tmp_path, config(shard=1, **where)).check()
     assert "resume it on its recorded device and dtype" in str(refused.value)
     assert isinstance(refused.value, ConfigError)  # a bad input, reported on one line by run.py
-    RunDir(tmp_path, config(shard=1))  # the recorded runtime is admitted, from any shard
+    RunDir(tmp_path, config(shard=1)).admit()  # the recorded runtime is admitted, from any shard
 
 
 def test_a_run_without_a_recorded_runtime_resumes_and_records_this_one(tmp_path):
-    legacy = RunDir(tmp_path, SETTINGS)  # written before config.yaml recorded where it ran
+    legacy = RunDir(tmp_path, SETTINGS).admit()  # written before config.yaml recorded where it ran
     legacy.append(record("nq-0"))
-    RunDir(tmp_path, config())
+    RunDir(tmp_path, config()).admit()
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["runtime"] == runtime()
 
 
 def test_changed_settings_are_a_resume_mismatch_too(tmp_path):
-    RunDir(tmp_path, config()).append(record("nq-0"))
+    RunDir(tmp_path, config()).admit().append(record("nq-0"))
     with pytest.raises(ResumeMismatchError, match="method.tau"):
-        RunDir(tmp_path, {**config(), "method": {"name": "adafuse", "tau": 0.5}})
+        RunDir(tmp_path, {**config(), "method": {"name": "adafuse", "tau": 0.5}}).admit()
 
 
 def test_shards_that_start_together_on_different_devices_never_mix_predictions(tmp_path):
     # Both are admitted while no prediction exists; the GPU shard's config.yaml replaces the CPU one's.
-    cpu = RunDir(tmp_path, config(shard=0))
-    gpu = RunDir(tmp_path, config(shard=1, device="cuda:0", dtype="bfloat16", gpu="NVIDIA H200"))
+    cpu = RunDir(tmp_path, config(shard=0)).admit()
+    gpu = RunDir(tmp_path, config(shard=1, device="cuda:0", dtype="bfloat16", gpu="NVIDIA H200")).admit()
     gpu.append(record("nq-1"))
     with pytest.raises(ResumeMismatchError, match="cuda:0"):
         cpu.append(record("nq-0"))
@@ -73,15 +73,15 @@ def test_shards_that_start_together_on_different_devices_never_mix_predictions(t
 
 
 def test_shards_on_the_same_runtime_append_after_one_another_replaced_config_yaml(tmp_path):
-    first = RunDir(tmp_path, config(shard=0))
-    second = RunDir(tmp_path, config(shard=1))
+    first = RunDir(tmp_path, config(shard=0)).admit()
+    second = RunDir(tmp_path, config(shard=1)).admit()
     first.append(record("nq-0"))
     second.append(record("nq-1"))
     assert sorted(read_predictions(tmp_path / "predictions.jsonl")) == ["nq-0", "nq-1"]
 
 
 def admit_and_append(path, where: dict, example_id: str, start) -> None:
-    out = RunDir(path, config(**where))
+    out = RunDir(path, config(**where)).admit()
     start.wait()
     try:
         out.append(record(example_id))

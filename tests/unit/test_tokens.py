@@ -1,12 +1,17 @@
 """Token bytes and the rule that keeps generated text Unicode (adafuse/tokens.py), on small hand-made
-byte-level vocabularies; and the bytes of real tokenizers, read back against their own decoding."""
+byte-level vocabularies; the bytes of real tokenizers, read back against their own decoding; and a
+vocabulary of no known type, for which the rule is off, said and recorded."""
 
 import codecs
+import logging
 
 import pytest
 import torch
 
+from adafuse import Ensemble
+from adafuse.model import Member
 from adafuse.tokens import TokenBytes, unfinished
+from eval.runner import record_text_rules
 from tools.testing import FakeTokenizer
 
 # A byte-level vocabulary: "Ġ" is a space; "Ã" and "¼" are the two bytes of "ü" (C3 BC); "ð" "Ł" "į" "ķ" are
@@ -89,3 +94,28 @@ def test_which_tokens_may_start_is_the_incremental_decoders_answer_for_every_rea
     expected = torch.tensor([b is None or accepted(b) for b in tokens.bytes])
     assert torch.equal(tokens.can_start, expected)
     assert not expected.all() and expected.any()  # both answers occur in a real vocabulary
+
+
+def wordpiece_member() -> Member:
+    """A real tokenizer of a type the UTF-8 rule does not know (WordPiece, as BERT's), over a tiny random model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {piece: i for i, piece in enumerate(["[UNK]", "[EOS]", "the", "cat", "##s", "sat"])}
+    core = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", eos_token="[EOS]")
+    shape = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(vocab), eos_token_id=1, **shape)).eval()
+    return Member("wordpiece", tokenizer, model)
+
+
+def test_a_vocabulary_of_no_known_type_turns_the_rule_off_with_one_warning_and_a_run_records_it(caplog):
+    member = wordpiece_member()
+    with caplog.at_level(logging.WARNING, logger="adafuse.tokens"):
+        assert member.tokens.kind is None and member.tokens.kind is None  # built once for the tokenizer
+    warned = [r.getMessage() for r in caplog.records if "UTF-8 rule is off" in r.getMessage()]
+    assert len(warned) == 1 and "cannot tell the tokenizer type" in warned[0]
+    runtime = {"torch": "2", "models": [{"name": "wordpiece", "device": "cpu", "dtype": "float32", "gpu": None}]}
+    record_text_rules(runtime, Ensemble([member]))
+    assert runtime["models"][0]["utf8_rule"] == "off"

@@ -1,0 +1,664 @@
+"""Every bad input the test suite tries, and the one line each is refused with.
+
+tests/config/test_bad_inputs.py holds run.py (through `eval.runner.main`, as run.py calls it) and
+`python -m eval.report` to every case of theirs: the error's class and message, nothing changed on disk,
+no model loaded. The other cases are tried where their models are (`tried_in`), against the same
+message. docs/configuration.md's table of bad inputs is rendered from this list (`python -m
+tools.render_docs`; the docs check compares). In a message, {dir} is the folder a case's files are
+in, and any other {name} stands for a part that varies (a process id, a token count).
+"""
+
+import fcntl
+import json
+import os
+import re
+import shutil
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tools.paths import ROOT
+
+FAST = "run.py", "eval.report"  # the tools whose cases tests/config/test_bad_inputs.py runs itself
+
+
+@dataclass(frozen=True)
+class BadInput:
+    key: str  # the case's name (a test id)
+    what: str  # the input, as the table says it
+    args: tuple[str, ...]  # run.py's overrides or eval.report's arguments; {dir} as in the module docstring
+    error: str  # the class of the error raised
+    message: str  # what run.py prints after "ErrorClass: " (eval.report after "error: ")
+    tool: str = "run.py"
+    files: dict[str, str | bytes] = field(default_factory=dict)  # written below {dir} first
+    setup: str | None = None  # a prepared situation: a function of SETUPS
+    run_dir: str = "{dir}/run"
+    slow: bool = False  # loads (or may convert) the bundled models
+    tried_in: str | None = None  # where a case of another tool is tried (a test file that names its key)
+
+
+CUSTOM = ("task=custom", "task.path={dir}/prompts.jsonl")
+PROMPTS = '{"id": "a", "prompt": "Question: 2 + 2?\\nAnswer:"}\n'
+LOCAL_GGUF = ("method=single", "model_pair.members.m0.bundle=null", "model_pair.members.m0.sha256=null")
+
+CASES = [
+    # ---- settings: refused when the typed settings are built, before any file is read -----------------
+    BadInput(
+        "tau",
+        "a negative τΔ",
+        ("method.tau=-0.1",),
+        "ConfigError",
+        "tau must be >= 0 (tau > 1 means 'never confident'), got -0.1",
+    ),
+    BadInput("branches", "B < 1", ("method.branches=0",), "ConfigError", "branches must be >= 1, got 0"),
+    BadInput("max_words", "M < 1", ("method.max_words=0",), "ConfigError", "max_words must be >= 1, got 0"),
+    BadInput(
+        "fixed_words",
+        "fixed_words < 1",
+        ("method.fixed_words=0",),
+        "ConfigError",
+        "fixed_words must be >= 1 (or null to disable), got 0",
+    ),
+    BadInput(
+        "max_new_tokens",
+        "a token budget < 1",
+        ("task.max_new_tokens=0",),
+        "ConfigError",
+        "task.max_new_tokens must be >= 1, got 0",
+    ),
+    BadInput(
+        "shard",
+        "a shard outside [0, num_shards)",
+        ("task.shard=2",),
+        "ConfigError",
+        "task.shard must be in [0, task.num_shards) with num_shards >= 1, got shard=2, num_shards=1",
+    ),
+    BadInput(
+        "num_shards",
+        "num_shards < 1",
+        ("task.num_shards=0",),
+        "ConfigError",
+        "task.shard must be in [0, task.num_shards) with num_shards >= 1, got shard=0, num_shards=0",
+    ),
+    BadInput(
+        "limit", "task.limit < 1", ("task.limit=0",), "ConfigError", "task.limit must be >= 1 (or null for all), got 0"
+    ),
+    BadInput("batch_size", "batch_size < 1", ("batch_size=0",), "ConfigError", "batch_size must be >= 1, got 0"),
+    BadInput(
+        "threads_negative",
+        "threads < 1",
+        ("threads=-1",),
+        "ConfigError",
+        "threads must be >= 1 (or null for torch's default), got -1",
+    ),
+    BadInput(
+        "threads_zero",
+        "threads 0",
+        ("threads=0",),
+        "ConfigError",
+        "threads must be >= 1 (or null for torch's default), got 0",
+    ),
+    BadInput(
+        "added_knob",
+        "a misspelt knob added with +",
+        ("+method.taux=0.5",),
+        "ConfigError",
+        "method.taux is not a setting (a key added with + too must be one); method has: tau, max_words, branches, "
+        "max_word_tokens, fixed_words, diversity, name",
+    ),
+    BadInput(
+        "added_model_key",
+        "a misspelt model key added with +",
+        ("+model_pair.members.m0.revison=main",),
+        "ConfigError",
+        "model_pair.members.m0.revison is not a setting (a key added with + too must be one); "
+        "model_pair.members.m0 has: name, path, bundle, sha256, dtype, device, trust_remote_code, revision, "
+        "chat_template",
+    ),
+    BadInput(
+        "empty_stop",
+        "an empty stop string",
+        ('task.stop=[""]',),
+        "ConfigError",
+        "task.stop holds an empty string, which would end every generation before its first word; remove it "
+        "(task.stop=[] for no stop string)",
+    ),
+    BadInput(
+        "unknown_escape",
+        "a stop string with an unknown escape",
+        (r'task.stop=["\q"]',),
+        "ConfigError",
+        "task.stop: \\q is not an escape a stop string reads; it reads \\n, \\r, \\t, \\\\, \\xHH, \\uHHHH and "
+        "\\UHHHHHHHH",
+    ),
+    BadInput(
+        "variant",
+        "an unknown data variant",
+        ("data.variant=papr",),
+        "ConfigError",
+        "data.variant must be one of ('canonical', 'paper'), got 'papr'",
+    ),
+    BadInput(
+        "wandb_mode",
+        "an unknown W&B mode",
+        ("wandb.mode=bogus",),
+        "ConfigError",
+        "wandb.mode must be one of offline, online, disabled, got 'bogus'",
+    ),
+    BadInput(
+        "member",
+        "method=single with a member the pair lacks",
+        ("method=single", "method.member=2"),
+        "ConfigError",
+        "single: member 2 does not exist; the ensemble has 2 models",
+    ),
+    BadInput(
+        "dtype",
+        "an unknown dtype",
+        ("model_pair.members.m0.dtype=float8",),
+        "ConfigError",
+        "model 'smollm2_135m': dtype 'float8' is not one of ('float32', 'bfloat16', 'float16', 'auto')",
+    ),
+    BadInput(
+        "device",
+        "a device torch does not know",
+        ("model_pair.members.m0.device=tpu",),
+        "ConfigError",
+        "device 'tpu' is not a torch device (e.g. auto, cpu, cuda, cuda:1): Expected one of cpu, cuda, ipu, xpu, "
+        "mkldnn, opengl, opencl, ideep, hip, ve, fpga, maia, xla, lazy, vulkan, mps, meta, hpu, mtia, "
+        "privateuseone device type at start of device string: tpu",
+    ),
+    BadInput(
+        "path_and_bundle",
+        "a model path set over a bundled model",
+        ("model_pair.members.m0.path={dir}/model",),
+        "ConfigError",
+        "model 'smollm2_135m': both path '{dir}/model' and bundle 'smollm2_135m' are set; to load the path in "
+        "place of the bundle, set bundle and the bundle's sha256 to null too (model_pair.members.<key>.bundle=null "
+        "model_pair.members.<key>.sha256=null)",
+    ),
+    # ---- names and data: refused when the task is read ---------------------------------------------------
+    BadInput(
+        "extractor",
+        "an unknown extractor",
+        ("task.extract=[nope]",),
+        "UnknownNameError",
+        "unknown extractor 'nope'. Valid choices: answer_number, first_line, last_number, strip",
+    ),
+    BadInput(
+        "paper_variant",
+        "data.variant=paper without data.dir",
+        ("data.variant=paper", "data.dir=null"),
+        "ConfigError",
+        "data.variant=paper reads the paper's own evaluation files: set data.dir to a folder that holds "
+        "adafuse_local_datasets/ (the authors' local_datasets/, as in ../shared/data)",
+    ),
+    BadInput(
+        "custom_without_path",
+        "task=custom without task.path",
+        ("task=custom",),
+        "ConfigError",
+        'task \'custom\' reads its examples from your file: set task.path=FILE.jsonl, one {"id": ..., "prompt": '
+        '..., "references": [...]} per line (references optional)',
+    ),
+    BadInput(
+        "missing_file",
+        "a data file that does not exist",
+        ("task=custom", "task.path={dir}/nope.jsonl"),
+        "DataError",
+        "data file {dir}/nope.jsonl does not exist",
+    ),
+    BadInput(
+        "empty_file",
+        "a prompts file with no prompts",
+        CUSTOM,
+        "DataError",
+        "{dir}/prompts.jsonl holds no prompts",
+        files={"prompts.jsonl": ""},
+    ),
+    BadInput(
+        "malformed_json",
+        "a line that is not JSON",
+        CUSTOM,
+        "DataError",
+        "{dir}/prompts.jsonl:2: malformed JSON (Expecting value)",
+        files={"prompts.jsonl": PROMPTS + '{"id": "b", "prompt": \n'},
+    ),
+    BadInput(
+        "not_utf8",
+        "a data file that is not UTF-8",
+        CUSTOM,
+        "DataError",
+        "{dir}/prompts.jsonl:2: not UTF-8 text (byte 0xe9 at byte 27 of the line); save the file as UTF-8",
+        files={"prompts.jsonl": PROMPTS.encode() + b'{"id": "b", "prompt": "caf\xe9"}\n'},
+    ),
+    BadInput(
+        "not_gzip",
+        "a .gz data file that is not gzip",
+        ("task=custom", "task.path={dir}/prompts.jsonl.gz"),
+        "DataError",
+        "{dir}/prompts.jsonl.gz: not a readable gzip file (Not a gzipped file (b'{\"'))",
+        files={"prompts.jsonl.gz": PROMPTS},
+    ),
+    BadInput(
+        "missing_field",
+        "a prompt line without its prompt",
+        CUSTOM,
+        "DataError",
+        "{dir}/prompts.jsonl:2: missing field 'prompt'",
+        files={"prompts.jsonl": PROMPTS + '{"id": "b"}\n'},
+    ),
+    BadInput(
+        "empty_prompt",
+        "an empty prompt",
+        CUSTOM,
+        "DataError",
+        "{dir}/prompts.jsonl:2: example 'b' has an empty prompt",
+        files={"prompts.jsonl": PROMPTS + '{"id": "b", "prompt": ""}\n'},
+    ),
+    BadInput(
+        "duplicate_id",
+        "two prompts with one id",
+        CUSTOM,
+        "DataError",
+        "{dir}/prompts.jsonl:2: duplicate id 'a'",
+        files={"prompts.jsonl": PROMPTS + PROMPTS},
+    ),
+    # ---- the run directory: refused before any model loads, leaving it as it was ------------------------
+    BadInput(
+        "unwritable_results",
+        "a run directory below a file",
+        CUSTOM,
+        "ResultsDirError",
+        "cannot create or write the run directory {dir}/results/run ({dir}/results is a file, not a folder); point "
+        "results_dir (or hydra.run.dir) at a folder this process can write",
+        files={"prompts.jsonl": PROMPTS, "results": "a file where a folder should be"},
+        run_dir="{dir}/results/run",
+    ),
+    BadInput(
+        "other_settings",
+        "a run directory that holds a run with other settings",
+        (*CUSTOM, "method.tau=0.5"),
+        "ResumeMismatchError",
+        "{dir}/run holds a run with other settings (method.tau); resuming would mix predictions. Choose another "
+        "hydra.run.dir or delete the directory.",
+        files={"prompts.jsonl": PROMPTS},
+        setup="run_with_the_defaults",
+    ),
+    BadInput(
+        "other_device",
+        "a run directory that holds predictions decoded on another device and dtype",
+        CUSTOM,
+        "ResumeMismatchError",
+        "{dir}/run holds predictions decoded on smollm2_135m bfloat16 on cuda:0 (NVIDIA H200), {others}; this "
+        "process would decode on {now} ({differences}). Outputs can differ in their last bits between the two, so "
+        "one run must not mix them: resume it on its recorded device and dtype (each model's `device` and `dtype` "
+        "settings, the same torch), or write this one to another directory (results_dir=... or hydra.run.dir=...).",
+        files={"prompts.jsonl": PROMPTS},
+        setup="run_on_a_gpu",
+    ),
+    BadInput(
+        "busy_shard",
+        "a shard that another process is decoding (its settings other than this one's)",
+        (*CUSTOM, "method.tau=1.5"),
+        "ShardBusyError",
+        "{dir}/run: shard 0 of 1 is being decoded by pid {pid} on {host}; wait for it to finish or stop it (two "
+        "writers would decode the same examples twice)",
+        files={"prompts.jsonl": PROMPTS},
+        setup="shard_held_by_another_run",
+    ),
+    # ---- model files: refused when they are opened, before any weights load ------------------------------
+    BadInput(
+        "missing_gguf",
+        "a model file that does not exist",
+        (*CUSTOM, *LOCAL_GGUF, "model_pair.members.m0.path={dir}/missing.gguf"),
+        "ModelFileError",
+        "model 'smollm2_135m': model file {dir}/missing.gguf does not exist",
+        files={"prompts.jsonl": PROMPTS},
+    ),
+    BadInput(
+        "random_gguf",
+        "random bytes as a .gguf",
+        (*CUSTOM, *LOCAL_GGUF, "model_pair.members.m0.path={dir}/random.gguf", "cache_dir={dir}/cache"),
+        "ModelFileError",
+        "model 'smollm2_135m': {dir}/random.gguf is not a complete GGUF file (GGUF magic invalid); download it again",
+        files={"prompts.jsonl": PROMPTS, "random.gguf": bytes(range(256)) * 16},
+    ),
+    BadInput(
+        "truncated_gguf",
+        "a truncated .gguf",
+        (*CUSTOM, *LOCAL_GGUF, "model_pair.members.m0.path={dir}/truncated.gguf", "cache_dir={dir}/cache"),
+        "ModelFileError",
+        "model 'smollm2_135m': {dir}/truncated.gguf is not a complete GGUF file (cannot reshape array of size "
+        "214336 into shape (49152,612)); download it again",
+        files={"prompts.jsonl": PROMPTS},
+        setup="truncated_gguf",
+    ),
+    BadInput(
+        "no_config_json",
+        "a model folder without config.json",
+        (*CUSTOM, *LOCAL_GGUF, "model_pair.members.m0.path={dir}/model"),
+        "ModelFileError",
+        "model 'smollm2_135m': {dir}/model has no config.json, so it is not a model directory",
+        files={"prompts.jsonl": PROMPTS, "model/weights.bin": "x"},
+    ),
+    BadInput(
+        "truncated_safetensors",
+        "a model folder whose model.safetensors is cut short",
+        (*CUSTOM, *LOCAL_GGUF, "model_pair.members.m0.path={dir}/model"),
+        "ModelFileError",
+        "model 'smollm2_135m': {dir}/model/model.safetensors is not a complete safetensors file (Error while "
+        "deserializing header: incomplete metadata, file not fully covered); download it again",
+        files={"prompts.jsonl": PROMPTS},
+        setup="truncated_safetensors",
+        slow=True,
+    ),
+    # ---- prompts against the models: refused once the models are loaded, before any decoding -----------
+    BadInput(
+        "long_prompt",
+        "a prompt longer than a model's context",
+        ("task=custom", "task.path={dir}/long.jsonl"),
+        "ContextLengthError",
+        "example 'long' ({dir}/long.jsonl:1): model 'smollm2_135m': a prompt has 9001 tokens and decoding may add "
+        "124, but the model's context holds 8192",
+        files={"long.jsonl": '{"id": "long", "prompt": "' + "word " * 9000 + '"}\n'},
+        slow=True,
+    ),
+    # ---- the Python API: refused before any model reads the prompt -----------------------------------------
+    BadInput(
+        "api_long_prompt",
+        "a prompt longer than a model's context, to decode, decode_batch or decode_stream",
+        ('ensemble.decode("word " * 9000)',),
+        "ContextLengthError",
+        "model {name}: a prompt has {tokens} tokens and decoding may add {reserve}, but the model's context holds "
+        "{positions}",
+        tool="Python API",
+        slow=True,
+        tried_in="tests/engine/test_behaviour.py",
+    ),
+    # ---- adafuse-lm-eval: --model_args, refused before any weights load; requests, before any decoding ------
+    BadInput(
+        "lm_eval_long_request",
+        "a request whose context is longer than a model's",
+        ('generate_until(("word " * 9000, {"until": ["\\n"]}))',),
+        "ContextLengthError",
+        "model {name}: a prompt has {tokens} tokens and decoding may add {reserve}, but the model's context holds "
+        "{positions}",
+        tool="adafuse-lm-eval",
+        slow=True,
+        tried_in="tests/integration/test_lm_eval.py",
+    ),
+    BadInput(
+        "lm_eval_sampling",
+        "a sampling request",
+        ('generate_until(("Q:", {"until": ["\\n"], "do_sample": True}))',),
+        "ConfigError",
+        "do_sample=True asks for sampling, but every method here decodes greedily (AdaFuse's word choice is "
+        "deterministic); set do_sample: false in the task's generation_kwargs",
+        tool="adafuse-lm-eval",
+        slow=True,
+        tried_in="tests/integration/test_lm_eval.py",
+    ),
+    BadInput(
+        "lm_eval_temperature",
+        "a temperature without do_sample",
+        ('generate_until(("Q:", {"until": ["\\n"], "temperature": 0.8}))',),
+        "ConfigError",
+        "temperature=0.8 asks for sampling, but every method here decodes greedily; set temperature: 0 (or "
+        "do_sample: false) in the task's generation_kwargs",
+        tool="adafuse-lm-eval",
+        slow=True,
+        tried_in="tests/integration/test_lm_eval.py",
+    ),
+    BadInput(
+        "lm_eval_num_beams",
+        "a generation argument the methods do not take",
+        ('generate_until(("Q:", {"until": ["\\n"], "num_beams": 4}))',),
+        "ConfigError",
+        "generation argument(s) num_beams are not supported: the methods here take until, max_gen_toks and greedy "
+        "decoding only",
+        tool="adafuse-lm-eval",
+        slow=True,
+        tried_in="tests/integration/test_lm_eval.py",
+    ),
+    # ---- adafuse-lm-eval: --model_args, refused before any weights load -------------------------------------
+    BadInput(
+        "lm_eval_method",
+        "an unknown method",
+        ("method=adafus",),
+        "UnknownNameError",
+        "unknown method 'adafus'. Did you mean 'adafuse', 'adafuse_code'? Valid choices: adafuse, adafuse_code, "
+        "deepen, llm_blender, single, sweetspan, unite",
+        tool="adafuse-lm-eval",
+    ),
+    BadInput(
+        "lm_eval_pair",
+        "an unknown model pair",
+        ("method=single,pair=tinyy",),
+        "UnknownNameError",
+        "unknown model pair 'tinyy'. Did you mean 'tiny'? Valid choices: llama_mistral, qwen_llama, small, tiny",
+        tool="adafuse-lm-eval",
+    ),
+    BadInput(
+        "lm_eval_model",
+        "an unknown model",
+        ("method=single,models=smollm2_135m+gemma3",),
+        "UnknownNameError",
+        "unknown model 'gemma3'. Did you mean 'gemma3_270m'? Valid choices: gemma3_270m, internlm3_8b_instruct, "
+        "llama31_8b_instruct, mistral7b_instruct_v03, qwen25_coder_05b, qwen3_8b, smollm2_135m",
+        tool="adafuse-lm-eval",
+    ),
+    BadInput(
+        "lm_eval_knob",
+        "an unknown knob",
+        ("method=adafuse,taux=0.5",),
+        "ConfigError",
+        "method 'adafuse' has no setting 'taux'; its settings: branches, diversity, fixed_words, max_word_tokens, "
+        "max_words, tau; the model's own: pair, models, batch_size, batch_exact, cache_dir, threads, device",
+        tool="adafuse-lm-eval",
+    ),
+    BadInput(
+        "lm_eval_pair_and_models",
+        "both pair and models",
+        ("method=single,pair=tiny,models=smollm2_135m",),
+        "ConfigError",
+        "give either pair=<conf/model_pair name> or models=<name>+<name>, not both",
+        tool="adafuse-lm-eval",
+    ),
+    BadInput(
+        "lm_eval_batch_size",
+        "batch_size < 1",
+        ("method=single,batch_size=0",),
+        "ConfigError",
+        "batch_size must be >= 1, got 0",
+        tool="adafuse-lm-eval",
+    ),
+    BadInput(
+        "lm_eval_tau",
+        "a negative τΔ",
+        ("method=adafuse,tau=-1.0",),
+        "ConfigError",
+        "tau must be >= 0 (tau > 1 means 'never confident'), got -1.0",
+        tool="adafuse-lm-eval",
+    ),
+    # ---- python -m eval.report -----------------------------------------------------------------------------
+    BadInput(
+        "report_not_a_run",
+        "a folder that is not a finished run",
+        ("{dir}/nothing", "-o", "{dir}/report.html"),
+        "DataError",
+        "{dir}/nothing is not a finished run directory: it has no metrics.json (a run writes metrics.json once "
+        "every example has a prediction; scripts/merge.py writes it for shards)",
+        tool="eval.report",
+        files={"nothing/predictions.jsonl": ""},
+    ),
+    BadInput(
+        "report_corrupt_metrics",
+        "a run whose metrics.json is not JSON",
+        ("{dir}/run", "-o", "{dir}/report.html"),
+        "DataError",
+        "{dir}/run/metrics.json is not valid JSON (Expecting ',' delimiter: line 1 column 23 (char 22)): rerun the "
+        "run's command, or python scripts/merge.py {dir}/run, to write it again",
+        tool="eval.report",
+        setup="committed_run",
+        files={"run/metrics.json": '{"task": "nq", "n": 10'},
+    ),
+    BadInput(
+        "report_no_folder",
+        "-o into a folder that does not exist",
+        ("{dir}/run", "-o", "{dir}/missing/report.html"),
+        "ConfigError",
+        "-o {dir}/missing/report.html: the folder {dir}/missing does not exist; create it or choose another -o",
+        tool="eval.report",
+        setup="committed_run",
+    ),
+    BadInput(
+        "report_output_is_folder",
+        "-o naming a folder",
+        ("{dir}/run", "-o", "{dir}"),
+        "ConfigError",
+        "-o {dir} is a folder; name the HTML file to write, e.g. -o {dir}/report.html",
+        tool="eval.report",
+        setup="committed_run",
+    ),
+]
+
+
+# ---- the prepared situations ------------------------------------------------------------------------------
+
+
+def admitted_run(folder: Path) -> None:
+    """{dir}/run as a process of task=custom with the default settings leaves it once admitted: its config.yaml,
+    written as eval/results.py writes it (by hand here, so that the case means the same for any version of it)."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from conf.compose import compose_run
+    from eval.runner import decoding_models, runtime_of, settings_of
+
+    cfg = compose_run(*[a.format(dir=folder) for a in CUSTOM], "wandb.mode=disabled")
+    config = {**OmegaConf.to_container(cfg, resolve=True), "runtime": runtime_of(decoding_models(settings_of(cfg)))}
+    (folder / "run").mkdir()
+    (folder / "run" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+
+
+def run_with_the_defaults(folder: Path) -> None:
+    """The run of `admitted_run` with its one prediction written."""
+    admitted_run(folder)
+    (folder / "run" / "predictions.jsonl").write_text(json.dumps({"id": "a", "prediction": " 4"}) + "\n")
+
+
+def run_on_a_gpu(folder: Path) -> None:
+    """The run of `run_with_the_defaults` as if decoded on a GPU: SmolLM2 in bfloat16 on an H200."""
+    import yaml
+
+    run_with_the_defaults(folder)
+    path = folder / "run" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    config["runtime"]["models"][0] |= {"device": "cuda:0", "dtype": "bfloat16", "gpu": "NVIDIA H200"}
+    path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+
+
+@contextmanager
+def shard_held_by_another_run(folder: Path):
+    """The run of `admitted_run`, its shard 0 of 1 held by it (as a process holds it while its models load)."""
+    admitted_run(folder)
+    with open(folder / "run" / ".shard-0-of-1.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.write(f"pid {os.getpid()} on {os.uname().nodename}")
+        lock.flush()
+        yield
+
+
+def truncated_gguf(folder: Path) -> None:
+    """The first 2 MB of the bundled SmolLM2 GGUF: its header whole, its tensors cut."""
+    from adafuse.bundled import BUNDLES
+
+    (bundled,) = BUNDLES["smollm2_135m"]()
+    with open(bundled, "rb") as source:
+        (folder / "truncated.gguf").write_bytes(source.read(2_000_000))
+
+
+def truncated_safetensors(folder: Path) -> None:
+    """SmolLM2's converted folder (config and tokenizer) with a model.safetensors cut short."""
+    import torch
+    from safetensors.torch import save_file
+
+    from adafuse.ensemble import model_config
+    from adafuse.loading import converted_gguf_dir, default_cache_dir
+
+    converted = converted_gguf_dir(model_config("smollm2_135m"), default_cache_dir())
+    model = folder / "model"
+    model.mkdir()
+    for file in converted.iterdir():
+        if file.suffix != ".safetensors":
+            shutil.copy(file, model / file.name)
+    save_file({"weight": torch.zeros(1000)}, model / "model.safetensors")
+    whole = (model / "model.safetensors").read_bytes()
+    (model / "model.safetensors").write_bytes(whole[: len(whole) // 2])
+
+
+def committed_run(folder: Path) -> None:
+    """A copy of a committed grid run in {dir}/run (Gemma-3 alone on 100 NQ questions)."""
+    shutil.copytree(ROOT / "results/grid/nq/single/tiny/method.member=1", folder / "run")
+
+
+def bad_input(key: str) -> BadInput:
+    """The case named `key`."""
+    (case,) = [c for c in CASES if c.key == key]
+    return case
+
+
+SETUPS = {
+    f.__name__: f
+    for f in (
+        run_with_the_defaults,
+        run_on_a_gpu,
+        shard_held_by_another_run,
+        truncated_gguf,
+        truncated_safetensors,
+        committed_run,
+    )
+}
+
+
+@contextmanager
+def prepared(case: BadInput, folder: Path):
+    """`folder` holding the case's situation and files, for as long as the block runs."""
+    with ExitStack() as stack:
+        if case.setup is not None:
+            made = SETUPS[case.setup](folder)
+            if made is not None:
+                stack.enter_context(made)
+        for name, content in case.files.items():
+            path = folder / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+        yield
+
+
+def pattern(message: str, folder: Path) -> re.Pattern:
+    """The message as a regular expression: {dir} is `folder`, any other {name} stands for some text."""
+    parts = re.split(r"(\{\w+\})", message)
+    return re.compile(
+        "".join(
+            re.escape(str(folder)) if p == "{dir}" else ".+?" if re.fullmatch(r"\{\w+\}", p) else re.escape(p)
+            for p in parts
+        )
+    )
+
+
+# ---- the table of docs/configuration.md ----------------------------------------------------------------------
+
+
+def table() -> str:
+    """Markdown: one row per case, in this list's order."""
+
+    def text(cell: str) -> str:  # as Markdown shows it: backslashes and angle brackets kept, no cell ended early
+        return cell.replace("\\", "\\\\").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+
+    lines = ["| tool | bad input | how | error | message |", "|---|---|---|---|---|"]
+    for case in CASES:
+        how = " ".join(case.args).replace("|", "\\|")  # a code span keeps the rest as it is
+        lines.append(f"| {case.tool} | {text(case.what)} | `{how}` | `{case.error}` | {text(case.message)} |")
+    return "\n".join(lines)
