@@ -119,7 +119,9 @@ class Ensemble:
         """
         options, settings = _split_request_fields(options)
         spec, cfg = resolve_method(method, options)
-        return drive(spec.generate(self.members, _fitting(self.members, spec, cfg, Request.of(prompt, **settings)), cfg))
+        return drive(
+            spec.generate(self.members, _fitting(self.members, spec, cfg, Request.of(prompt, **settings)), cfg)
+        )
 
     def decode_stream(
         self,
