@@ -9,7 +9,7 @@
    generated token per model; AdaFuse with B = 1 (no branching) alongside, to show what B = 3 costs.
 2. The fast decoder against the cache-free reference (oracles/reference.py) on few-shot
    prompts of 500+ tokens: identical output, and the speed-up.
-3. Batching across examples (adafuse/batching.py): AdaFuse and `single` at batch sizes 1, 4, 8, 16
+3. Batching across examples (adafuse/engine.py): AdaFuse and `single` at batch sizes 1, 4, 8, 16
    on the same 48 benchmark prompts: throughput (examples per second), the AdaFuse cost per example
    against the two members' unbatched greedy decoding, outputs identical to batch size 1, and the
    peak memory of each run.
@@ -374,7 +374,7 @@ def compare_with_authors(ens: Ensemble, data_dir: Path, authors_code: Path, coun
             f"{'==' if gen_pred == their['pred'] else '!='} {gen_pred!r}",
             flush=True,
         )
-    # as the runner decodes a task: examples in flight together (adafuse/batching.py); not interleaved
+    # as the runner decodes a task: examples in flight together (adafuse/engine.py); not interleaved
     prompts = [few_shot + f"\n\nQuestion: {q}\nAnswer:" for q in questions]
     started = time.perf_counter()
     batched = ens.decode_batch(prompts, batch_size=8, **runs["adafuse_code"])
