@@ -164,22 +164,10 @@ def decode_many(
 
 
 def drive(program: Program, executor: Executor | None = None):
-    """Run one program to its end, its passes run as they come (one example in flight): its result."""
-    executor = executor or Executor()
-    value = None
-    try:
-        while True:
-            try:
-                asked = program.send(value)
-            except StopIteration as done:
-                return done.value
-            listed = isinstance(asked, list)
-            requests = asked if listed else [asked]
-            results = executor.run(list(enumerate(requests))) if requests else []
-            value = results if listed else results[0]
-    finally:
-        program.close()
-        executor.close()
+    """Run one program to its end: the engine loop with it alone in flight, over the members it was made
+    with (no slot clones). Its result."""
+    ((_, result),) = decode_many([], [program], lambda _, given: given, 1, executor)
+    return result
 
 
 _END = object()
