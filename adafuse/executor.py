@@ -101,7 +101,7 @@ class Waiting:
         if self.prompt:
             self.result = (self.cache, logits)
         else:
-            self.result = self.member.log_softmax(logits) if self.request.logprobs else logits
+            self.result = self.member.log_softmax(logits, owned=True) if self.request.logprobs else logits
 
 
 class Executor:

@@ -326,12 +326,18 @@ class Member:
         self.tokens_fed += input_ids.numel()
         return (yield Forward(self, cache, input_ids, last_only, lengths, logprobs))
 
-    def log_softmax(self, logits: torch.Tensor, mask_control: bool | None = None) -> torch.Tensor:
+    def log_softmax(self, logits: torch.Tensor, mask_control: bool | None = None, owned: bool = False) -> torch.Tensor:
         """Log-softmax over the vocabulary (last dim), control tokens removed when masking is on (spec §2):
-        the context's setting unless `mask_control` says otherwise."""
+        the context's setting unless `mask_control` says otherwise. `owned`: nothing else reads `logits` (a
+        pass's own output), so the control tokens are set in place rather than in a copy of every logit."""
         mask = self.context.mask_control if mask_control is None else mask_control
         if mask and self.control_ids:
-            logits = logits.index_fill(-1, self.tokenisation.control_index(logits.device), float("-inf"))
+            index = self.tokenisation.control_index(logits.device)
+            if owned:
+                with torch.inference_mode():  # a pass's logits are inference tensors: written in its mode
+                    logits.index_fill_(-1, index, float("-inf"))
+            else:
+                logits = logits.index_fill(-1, index, float("-inf"))
         return torch.log_softmax(logits, dim=-1)
 
     @torch.inference_mode()
