@@ -292,6 +292,16 @@ OVERHEAD_RATIOS = {
 @renderer("overhead", "overhead.json")
 def overhead(data: dict) -> str:
     """Section 9: the engine's time per pass against transformers' own generate(), on the paper pair in shape."""
+    return overhead_tables("overhead.json", data, profile=True)
+
+
+@renderer("overhead-before", "overhead_before.json")
+def overhead_before(data: dict) -> str:
+    """Section 9 run on the engine before the one loop (its commit in the file), in the same period as today's."""
+    return overhead_tables("overhead_before.json", data, profile=False)
+
+
+def overhead_tables(file: str, data: dict, profile: bool) -> str:
     o = data["overhead"]
 
     def median(name: str, key: str) -> float:
@@ -312,7 +322,7 @@ def overhead(data: dict) -> str:
         ["ratio (median of the repeats)", "measured", "goal"],
         [[label, f"**{o['ratios'][key]:.2f}×**", goal] for key, (label, goal) in OVERHEAD_RATIOS.items()],
     )
-    profile = table(
+    profiled = table(
         ["profiled once (torch.profiler)", "wall seconds", "in torch's ops", "outside them (Python, dispatch)"],
         [
             [OVERHEAD_RUNS[name], f"{p['wall_seconds']:.2f}", f"{p['op_seconds']:.2f}", f"{p['outside_share']:.0%}"]
@@ -328,7 +338,10 @@ def overhead(data: dict) -> str:
         f"{same['single_0@8_texts_equal_single_0@1']} and {same['single_1@8_texts_equal_single_1@1']}, AdaFuse "
         f"{same['adafuse@8_texts_equal_adafuse@1']} of {o['prompts']}."
     )
-    return "\n\n".join([provenance("overhead.json", data), runs, ratios, profile, notes])
+    engine = f" Engine at commit {data['engine']}." if "engine" in data else ""
+    engine += f" Pooled: {data['pooled']}." if "pooled" in data else ""
+    engine += f" Left out: {data['excluded']}." if "excluded" in data else ""
+    return "\n\n".join([provenance(file, data), runs, ratios, *([profiled] if profile else []), notes + engine])
 
 
 @renderer("default-run", "default_run.json")
