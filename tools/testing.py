@@ -2,6 +2,7 @@
 through the method seam, member stand-ins (a narrowed sliding window, the real tokenizers over tiny random
 weights), the harness's NQ prompts, the token-level methods' prompts, and a hand-made tokenizer."""
 
+import contextlib
 import copy
 
 import torch
@@ -30,6 +31,27 @@ def decode(members, prompt: str, cfg, **request) -> Generation:
 def clone(member: Member) -> Member:
     """A second member over the same weights and tokenizer, with its own context and cache."""
     return member.clone()
+
+
+@contextlib.contextmanager
+def long_reads_stopped(members, positions: int = 1000):
+    """Inside the block, a pass of `positions` or more through any member's body is recorded (the list yielded)
+    and stopped with an AssertionError: a test that a long prompt is refused before any model reads it gets
+    its answer at once, not after minutes of reading."""
+    reads: list[str] = []
+
+    def stop(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[-1] >= positions:
+            reads.append(f"{module.__class__.__name__} read {ids.shape[-1]} tokens")
+            raise AssertionError(reads[-1])
+
+    hooks = [m.model.get_decoder().register_forward_pre_hook(stop, with_kwargs=True) for m in members]
+    try:
+        yield reads
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def nq_prompt(shared_data, example_id: str) -> tuple[str, list[str]]:

@@ -14,7 +14,7 @@ from adafuse.engine import drive
 from adafuse.errors import ContextLengthError, NumericsError
 from adafuse.model import Member
 from tools.bad_inputs import bad_input, pattern
-from tools.testing import clone, decode, nq_prompt
+from tools.testing import clone, decode, long_reads_stopped, nq_prompt
 
 pytestmark = pytest.mark.slow
 
@@ -168,27 +168,14 @@ def test_a_prompt_longer_than_a_models_context_is_refused_before_any_model_reads
     """Refused before Gemma-3 reads it (the model with room for it, second of the pair): a model that read it
     whole first (minutes, on the real Gemma-3) is stopped here by the hook on its pass."""
 
-    long_reads = []
-
-    def refuse_a_long_pass(module, args, kwargs):  # recorded, then stopped: an error on a thread may go unseen
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None and ids.shape[-1] >= 1000:
-            long_reads.append(f"{module.__class__.__name__} read {ids.shape[-1]} tokens")
-            raise AssertionError(long_reads[-1])
-
     ensemble = Ensemble(tiny_shaped)
-    hooks = [m.model.get_decoder().register_forward_pre_hook(refuse_a_long_pass, with_kwargs=True) for m in tiny_shaped]
-    try:
-        with pytest.raises(ContextLengthError) as refused:
-            if entry == "decode":
-                ensemble.decode(LONG, max_new_tokens=4)
-            elif entry == "decode_batch":
-                ensemble.decode_batch(["Question: 2 + 2?\nAnswer:", LONG], max_new_tokens=4)
-            else:
-                list(ensemble.decode_stream(enumerate(["Question: 2 + 2?\nAnswer:", LONG]), max_new_tokens=4))
-    finally:
-        for hook in hooks:
-            hook.remove()
+    with long_reads_stopped(tiny_shaped) as long_reads, pytest.raises(ContextLengthError) as refused:
+        if entry == "decode":
+            ensemble.decode(LONG, max_new_tokens=4)
+        elif entry == "decode_batch":
+            ensemble.decode_batch(["Question: 2 + 2?\nAnswer:", LONG], max_new_tokens=4)
+        else:
+            list(ensemble.decode_stream(enumerate(["Question: 2 + 2?\nAnswer:", LONG]), max_new_tokens=4))
     assert long_reads == []
     assert pattern(bad_input("api_long_prompt").message, tmp_path).fullmatch(str(refused.value)), refused.value
     assert "smollm2_135m" in str(refused.value)

@@ -20,7 +20,7 @@ from eval.lm_tasks import write_tasks
 from eval.runner import main
 from tools.bad_inputs import bad_input, pattern
 from tools.paths import SHARED_DATA
-from tools.testing import clone
+from tools.testing import clone, long_reads_stopped
 
 pytestmark = pytest.mark.slow
 
@@ -195,22 +195,8 @@ def test_a_request_longer_than_a_models_context_is_refused_before_any_model_read
     """Gemma-3 has room for it and would read it first, for minutes, then SmolLM2 refuse it: the hook on
     every model's pass stops a long read at once."""
 
-    long_reads = []
-
-    def refuse_a_long_pass(module, args, kwargs):  # recorded, then stopped: an error on a thread may go unseen
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None and ids.shape[-1] >= 1000:
-            long_reads.append(f"{module.__class__.__name__} read {ids.shape[-1]} tokens")
-            raise AssertionError(long_reads[-1])
-
     model = AdaFuseLM(pair="tiny", method="adafuse")
-    models = [m.model.get_decoder() for m in model.ensemble.members]
-    hooks = [m.register_forward_pre_hook(refuse_a_long_pass, with_kwargs=True) for m in models]
-    try:
-        with pytest.raises(ContextLengthError) as refused:
-            model.generate_until([Instance("generate_until", {}, ("word " * 9000, {"until": ["\n"]}), 0)])
-    finally:
-        for hook in hooks:
-            hook.remove()
+    with long_reads_stopped(model.ensemble.members) as long_reads, pytest.raises(ContextLengthError) as refused:
+        model.generate_until([Instance("generate_until", {}, ("word " * 9000, {"until": ["\n"]}), 0)])
     assert long_reads == []
     assert pattern(bad_input("lm_eval_long_request").message, tmp_path).fullmatch(str(refused.value))
