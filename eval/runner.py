@@ -24,16 +24,19 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from adafuse import Ensemble, Request
+from adafuse import Ensemble, Request, model_config
 from adafuse.config import ModelConfig
-from adafuse.errors import ConfigError
+from adafuse.errors import ConfigError, UnknownNameError
 from adafuse.methods import METHODS
+from conf.compose import compose_run
 from conf.schema import saved_config
 from eval.results import RunDir, git_sha
 from eval.tasks import Task, resolve_data_dir
 from eval.tracking import Tracker
 
 log = logging.getLogger(__name__)
+
+MODEL_PAIRS = Path(__file__).resolve().parent.parent / "conf" / "model_pair"
 
 
 def settings_of(cfg: DictConfig):
@@ -44,6 +47,19 @@ def settings_of(cfg: DictConfig):
     if settings.batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {settings.batch_size}")
     return settings
+
+
+def model_configs(pair: str | None, models: str | None) -> list[ModelConfig]:
+    """The models of a pair of conf/model_pair (default tiny), or of conf/model names joined by '+' (as
+    `pair=` and `models=` of the lm_eval model and the server take them)."""
+    if pair is not None and models is not None:
+        raise ConfigError("give either pair=<conf/model_pair name> or models=<name>+<name>, not both")
+    if models is not None:
+        return [model_config(name) for name in str(models).split("+") if name]
+    pair = pair or "tiny"
+    if not (MODEL_PAIRS / f"{pair}.yaml").is_file():
+        raise UnknownNameError("model pair", pair, [p.stem for p in MODEL_PAIRS.glob("*.yaml")])
+    return list(settings_of(compose_run(f"model_pair={pair}")).model_pair.members.values())
 
 
 def main(cfg: DictConfig, run_dir: Path) -> dict | None:
