@@ -83,9 +83,9 @@ class Server:
                 return self._error(route, detail)
             reply = Reply(self, ticket, chat, prompt_tokens=detail)
             if completion.stream:
-                streaming = True  # the stream closes the ticket when it ends
+                streaming = True  # the response closes the ticket when it ends
                 self.requests[route, 200] += 1
-                return StreamingResponse(reply.stream(), media_type="text/event-stream")
+                return ReplyStream(reply)
             answer = await reply.whole(http)
             if answer is None:  # the client left: its examples are dropped (below)
                 self.requests[route, 499] += 1
@@ -172,6 +172,14 @@ class Reply:
         self.prompt_tokens = prompt_tokens
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.finished = False  # every choice streamed to its end
+        self.closed = False
+
+    def close(self) -> None:
+        """Give the ticket back (once): its examples are dropped if the stream did not see them end."""
+        if not self.closed:
+            self.closed = True
+            self.server.engine_loop.close_ticket(self.ticket, self.finished)
 
     def _envelope(self, choices: list, streamed: bool) -> dict:
         kind = ("chat.completion.chunk" if streamed else "chat.completion") if self.chat else "text_completion"
@@ -262,42 +270,53 @@ class Reply:
         completion, ticket = self.completion, self.ticket
         sent = [""] * len(completion.requests)
         generations: list = [None] * len(completion.requests)
-        finished = False
-        try:
-            for i, request in enumerate(completion.requests):
-                if self.chat:
-                    yield _event(
-                        self._envelope(
-                            [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}], True
-                        )
+        for i, request in enumerate(completion.requests):
+            if self.chat:
+                yield _event(
+                    self._envelope(
+                        [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}], True
                     )
-                elif completion.echo:
-                    yield _event(self._envelope([self._piece(i, request.prompt, None)], True))
-            while any(g is None for g in generations):
-                event = await ticket.events.get()
-                if event[0] == "failed":
-                    yield _event(event[1].body())
-                    return
-                _, choice, value = event
-                text = value if event[0] == "text" else value.text
-                for word in words(text[len(sent[choice]) :]):
-                    yield _event(self._envelope([self._piece(choice, word, None)], True))
-                sent[choice] = text
-                if event[0] == "done":
-                    generations[choice] = value
-                    reason = finish_reason(value.stats.stop_reason)
-                    yield _event(self._envelope([self._piece(choice, "", reason)], True))
-            finished = True
-            if completion.include_usage:
-                yield _event(self._envelope([], True) | {"usage": self._usage(generations)})
-            yield "data: [DONE]\n\n"
-        finally:
-            self.server.engine_loop.close_ticket(ticket, finished)
+                )
+            elif completion.echo:
+                yield _event(self._envelope([self._piece(i, request.prompt, None)], True))
+        while any(g is None for g in generations):
+            event = await ticket.events.get()
+            if event[0] == "failed":
+                yield _event(event[1].body())
+                return
+            _, choice, value = event
+            text = value if event[0] == "text" else value.text
+            for word in words(text[len(sent[choice]) :]):
+                yield _event(self._envelope([self._piece(choice, word, None)], True))
+            sent[choice] = text
+            if event[0] == "done":
+                generations[choice] = value
+                reason = finish_reason(value.stats.stop_reason)
+                yield _event(self._envelope([self._piece(choice, "", reason)], True))
+        self.finished = True
+        if completion.include_usage:
+            yield _event(self._envelope([], True) | {"usage": self._usage(generations)})
+        yield "data: [DONE]\n\n"
 
     def _piece(self, choice: int, text: str, reason: str | None) -> dict:
         if self.chat:
             return {"index": choice, "delta": {"content": text} if text else {}, "finish_reason": reason}
         return {"index": choice, "text": text, "logprobs": None, "finish_reason": reason}
+
+
+class ReplyStream(StreamingResponse):
+    """A reply's events as server-sent events. However the response ends (done, the client gone, even before
+    the first event), the ticket is given back."""
+
+    def __init__(self, reply: Reply):
+        super().__init__(reply.stream(), media_type="text/event-stream")
+        self.reply = reply
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.reply.close()
 
 
 def _event(data: dict) -> str:

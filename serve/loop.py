@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from adafuse import Job
-from adafuse.errors import AdaFuseError, ContextLengthError, DataError
+from adafuse.errors import ContextLengthError, DataError
 from serve.protocol import ApiError, Completion
 
 log = logging.getLogger(__name__)
@@ -155,12 +155,21 @@ class EngineLoop:
                         self._fail_all(ApiError(503, "the server stopped"))
                         self._engine.close()
                         return
-                    getattr(self, f"_{command[0]}")(*command[1:])
+                    self._obey(*command)
                 if self._deadline is not None and time.monotonic() >= self._deadline:
                     self._fail_all(ApiError(503, "the server is shutting down: the grace period for requests ended"))
                 if self._engine.busy:
                     self._step()
                 self._publish()
+
+    def _obey(self, name: str, ticket: Ticket, *args) -> None:
+        """Run one command of the inbox; an error it raises is its ticket's answer, and this thread goes on."""
+        try:
+            getattr(self, f"_{name}")(ticket, *args)
+        except Exception as err:  # noqa: BLE001 - whatever failed, the request gets it and the server stays up
+            log.exception("%s failed", name)
+            self._tickets.pop(ticket.id, None)
+            ticket.post("failed", ApiError(500, f"{name} failed ({type(err).__name__}: {err})"))
 
     def _admit(self, ticket: Ticket) -> None:
         completion = ticket.completion
@@ -181,10 +190,7 @@ class EngineLoop:
             self.counters.cancelled += self._cancel_rest(ticket)
 
     def _score(self, ticket: Ticket, pairs: list[tuple[str, str]]) -> None:
-        try:
-            ticket.post("scored", self._ensemble.loglikelihood(pairs))
-        except AdaFuseError as err:
-            ticket.post("failed", ApiError(500, f"scoring failed: {err}"))
+        ticket.post("scored", self._ensemble.loglikelihood(pairs))
 
     def _step(self) -> None:
         try:
