@@ -2,7 +2,7 @@
 
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
 from adafuse.engine import DEFAULT_BATCH_SIZE
-from adafuse.ensemble import Ensemble, model_config
+from adafuse.ensemble import Ensemble, Job, model_config, resolve_method
 from adafuse.session import Request, through_last_blank_line
 from adafuse.trace import Generation, Stats, Trace
 
@@ -11,11 +11,13 @@ __all__ = [
     "AdaFuseConfig",
     "Ensemble",
     "Generation",
+    "Job",
     "ModelConfig",
     "Request",
     "SingleConfig",
     "Stats",
     "Trace",
     "model_config",
+    "resolve_method",
     "through_last_blank_line",
 ]

@@ -6,20 +6,21 @@ gen = ens.decode("Question: What is the capital of France?\\nAnswer:", stop=["\\
 gen.text, gen.stats, gen.trace
 """
 
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, fields
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 import yaml
 
 from adafuse.config import ModelConfig
-from adafuse.engine import DEFAULT_BATCH_SIZE, decode_many, drive
+from adafuse.engine import DEFAULT_BATCH_SIZE, Engine, decode_many, drive
 from adafuse.errors import ConfigError, UnknownNameError
 from adafuse.executor import Executor
 from adafuse.loading import load_pretrained, placement
-from adafuse.methods import METHODS
+from adafuse.methods import METHODS, Method
 from adafuse.model import Member
+from adafuse.passes import Program
 from adafuse.scoring import Likelihood, loglikelihood, loglikelihood_rolling
 from adafuse.session import Request
 from adafuse.trace import Generation
@@ -50,6 +51,17 @@ def model_config(entry) -> ModelConfig:
             f"valid: {', '.join(sorted(known))}"
         )
     return ModelConfig(**dict(entry))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One example for an engine its caller steps (`Ensemble.engine`): the request, the method and its
+    config (`resolve_method`), and who hears the generated text as it becomes final (`Session`)."""
+
+    request: Request
+    method: Method
+    config: object
+    on_text: Callable[[str], None] | None = None
 
 
 class Ensemble:
@@ -102,9 +114,13 @@ class Ensemble:
     def check_prompts_fit(self, prompts: list[str], reserve: int) -> None:
         """Raise ContextLengthError (or DataError for an empty prompt) before decoding if some prompt
         leaves any loaded model fewer than `reserve` positions of its context."""
-        for member in filter(None, self.members):
-            for prompt in prompts:
-                member.prompt_ids(prompt, reserve)
+        for prompt in prompts:
+            self.prompt_lengths(prompt, reserve)
+
+    def prompt_lengths(self, prompt: str, reserve: int = 0) -> list[int | None]:
+        """Each model's count of the prompt's tokens as it reads them (None where it is not loaded); raises
+        as `check_prompts_fit` does."""
+        return [None if m is None else len(m.prompt_ids(prompt, reserve)) for m in self.members]
 
     def without_utf8_rule(self) -> list[str]:
         """The loaded models whose vocabulary is of a type adafuse/tokens.py does not know, so that the rule
@@ -148,6 +164,17 @@ class Ensemble:
 
         executor = executor or Executor(exact=exact, side_by_side=side_by_side)
         return DecodeStream(decode_many(self.members, items, one, batch_size, executor), executor)
+
+    def engine(self, *, batch_size: int = DEFAULT_BATCH_SIZE, exact: bool = True, side_by_side: bool = True) -> Engine:
+        """The engine loop itself (adafuse/engine.py), for a caller that steps it (a server: serve/): `submit(key,
+        Job)` from the thread that calls `step()`, which returns (key, Generation) for each example that
+        finished. Unlike `decode_stream`, an example that fails ends alone: its result is its exception,
+        and the others go on. Every example has the bits it has in `decode`, as in `decode_stream`."""
+
+        def one(members, job: Job) -> Program:
+            return _failure_as_result(job.method.generate(members, job.request, job.config, job.on_text))
+
+        return Engine(self.members, one, batch_size, Executor(exact=exact, side_by_side=side_by_side))
 
     def decode_batch(self, prompts: list[str | Request], *, method="adafuse", **kwargs) -> list[Generation]:
         """`decode` for many prompts, batched across examples; results in the order of `prompts`. Every prompt
@@ -203,6 +230,14 @@ def _fitting(members: list[Member], spec, cfg, request: Request) -> Request:
     for k in spec.members_used(cfg, len(members)):
         members[k].prompt_ids(request.prompt, reserve)
     return request
+
+
+def _failure_as_result(program: Program) -> Program:
+    """`program`, with an exception it raises returned as its result (the engine then frees its slot)."""
+    try:
+        return (yield from program)
+    except Exception as err:  # noqa: BLE001 - whatever failed is the example's own answer, given to its caller
+        return err
 
 
 def _split_request_fields(options: dict) -> tuple[dict, dict]:

@@ -31,12 +31,13 @@ class Method:
     members_used: Callable[[object, int], list[int]] = every_member
     raw_distribution: bool = False  # keep control tokens in the distribution (`single` equals generate())
 
-    def generate(self, members: list, request: Request, cfg) -> Program:
+    def generate(self, members: list, request: Request, cfg, on_text: Callable[[str], None] | None = None) -> Program:
         """The program that decodes one request with the members this method uses (indices into `members`);
-        it returns the Generation."""
+        it returns the Generation. `on_text` is called with the generated text each time it changes
+        (`Session`)."""
         used = [members[i] for i in self.members_used(cfg, len(members))]
         reserve = self.positions_needed(cfg, request.max_new_tokens)
-        session = Session(used, request, reserve=reserve, mask_control=not self.raw_distribution)
+        session = Session(used, request, reserve=reserve, mask_control=not self.raw_distribution, on_text=on_text)
         yield from session.start()
         yield from self.decode(session, cfg)
         return session.finish()

@@ -8,11 +8,12 @@ A `Request` is what the runner and the Python API hand to a method (as lm-evalua
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from adafuse.model import Member
 from adafuse.passes import together
-from adafuse.stopping import check_budget, cut_at_stop, stop_strings
+from adafuse.stopping import check_budget, cut_at_stop, settled_length, stop_strings
 from adafuse.trace import Generation, RoundTrace, Stats, Trace
 
 
@@ -60,16 +61,28 @@ class Session:
     `set_output_ids`); tests/unit/test_seams.py holds every method to that.
     """
 
-    def __init__(self, members: list[Member], request: Request, *, reserve: int, mask_control: bool = True):
+    def __init__(
+        self,
+        members: list[Member],
+        request: Request,
+        *,
+        reserve: int,
+        mask_control: bool = True,
+        on_text: Callable[[str], None] | None = None,
+    ):
         """A session of `members` on the request; `start` reads its prompt. `reserve` is the context the
         method may use after it; `mask_control=False` keeps control tokens in the distribution (`single`,
-        spec §2)."""
+        spec §2). `on_text`, if given, is called with the start of G that is final each time it grows: the
+        part no stop string can cut any more (`settled_length`), and all of G once decoding ends. A server
+        streams it; no method knows it is there."""
         self._started = time.perf_counter()
         self._members = members
         self._request = request
         self._reserve = reserve
         self._mask_control = mask_control
+        self._on_text = on_text
         self._text = ""
+        self._reported = 0  # how much of G `on_text` has been given
         self._stats = Stats()
         self._trace: Trace | None = None
         self._output_ids: list[list[int]] | None = None  # set by a method whose output ids are not all read
@@ -126,6 +139,7 @@ class Session:
         alone._started = time.perf_counter()
         alone._members = [self._members[k]]
         alone._text, alone._stats, alone._output_ids = "", Stats(), None
+        alone._on_text, alone._reported = None, 0  # a member's answer is not G: the session it feeds reports G
         alone._trace = Trace(prompt_ids=[list(self._members[k].ids)]) if self.tracing else None
         return alone
 
@@ -152,6 +166,7 @@ class Session:
         if words is not None:
             self._stats.words_per_round.append(words)
         self._text, cut = cut_at_stop(self._text, new, self.stop)
+        self._report()
         return cut
 
     def end(self, reason: str) -> None:
@@ -159,6 +174,7 @@ class Session:
         if reason not in STOP_REASONS:
             raise ValueError(f"a stop reason is one of {STOP_REASONS}, got {reason!r}")
         self._stats.stop_reason = reason
+        self._report()
 
     def note(self, **facts) -> None:
         """Report facts of this example in `Stats.notes` (LLM-Blender's chosen member, the authors' pred)."""
@@ -186,6 +202,15 @@ class Session:
         self._text = text
         self.end("stop")
         self._stats.early_finish = True
+
+    def _report(self) -> None:
+        """Give `on_text` the final start of G if it grew (every later G starts with it: `settled_length`)."""
+        if self._on_text is None:
+            return
+        final = len(self._text) if self.done else settled_length(self._text, self.stop)
+        if final > self._reported:
+            self._reported = final
+            self._on_text(self._text[:final])
 
     def finish(self) -> Generation:
         """The Generation: G, stats with each member's token counts, and the trace if one was kept."""

@@ -26,6 +26,12 @@ def cut_at_stop(text: str, new: str, stop: tuple[str, ...]) -> tuple[str, bool]:
     return (whole[: min(hits)], True) if hits else (whole, False)
 
 
+def settled_length(text: str, stop: tuple[str, ...]) -> int:
+    """How much of the start of `text` (G so far) no later append can cut: `cut_at_stop` cuts no earlier than
+    the longest stop string's length minus one before G's end. All of it without stop strings."""
+    return max(0, len(text) - max((len(s) for s in stop), default=1) + 1)
+
+
 def check_budget(max_new_tokens: int) -> int:
     if max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")

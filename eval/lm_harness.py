@@ -17,7 +17,6 @@ line with this model registered. Newer lm_eval versions read the `lm_eval.models
 
 import dataclasses
 import logging
-from pathlib import Path
 
 import lm_eval.models  # noqa: F401  (registers the built-in models first: see the module doc)
 import torch
@@ -25,15 +24,13 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import model_registry
 from tqdm import tqdm
 
-from adafuse import DEFAULT_BATCH_SIZE, Request, model_config, through_last_blank_line
-from adafuse.errors import ConfigError, UnknownNameError
+from adafuse import DEFAULT_BATCH_SIZE, Request, through_last_blank_line
+from adafuse.errors import ConfigError
 from adafuse.methods import METHODS
-from conf.compose import compose_run
-from eval.runner import load_ensemble, settings_of
+from eval.runner import load_ensemble, model_configs
 
 log = logging.getLogger(__name__)
 
-MODEL_PAIRS = Path(__file__).resolve().parent.parent / "conf" / "model_pair"
 # Generation arguments that change nothing under greedy decoding when sampling is off (lm_eval's `hf`
 # model drops them then too).
 SAMPLING_ONLY = ("temperature", "top_p", "top_k", "min_p")
@@ -68,7 +65,7 @@ class AdaFuseLM(LM):
                 "batch_exact, cache_dir, threads, device"
             )
         self.method = spec.config(**knobs)
-        configs = _model_configs(pair, models)
+        configs = model_configs(pair, models)
         if device is not None and _usable(device):
             configs = [dataclasses.replace(c, device=device) for c in configs]
         self.batch_size = _batch_size(batch_size)
@@ -111,17 +108,6 @@ class AdaFuseLM(LM):
         for request, result in zip(requests, results):
             self.cache_hook.add_partial("loglikelihood_rolling", request.args, result)
         return results
-
-
-def _model_configs(pair: str | None, models: str | None) -> list:
-    if pair is not None and models is not None:
-        raise ConfigError("give either pair=<conf/model_pair name> or models=<name>+<name>, not both")
-    if models is not None:
-        return [model_config(name) for name in str(models).split("+") if name]
-    pair = pair or "tiny"
-    if not (MODEL_PAIRS / f"{pair}.yaml").is_file():
-        raise UnknownNameError("model pair", pair, [p.stem for p in MODEL_PAIRS.glob("*.yaml")])
-    return list(settings_of(compose_run(f"model_pair={pair}")).model_pair.members.values())
 
 
 def _usable(device: str) -> bool:

@@ -25,10 +25,11 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from adafuse import Ensemble, Request
+from adafuse import Ensemble, Request, model_config
 from adafuse.config import ModelConfig
-from adafuse.errors import ConfigError, ContextLengthError
+from adafuse.errors import ConfigError, ContextLengthError, UnknownNameError
 from adafuse.methods import METHODS
+from conf.compose import compose_run
 from conf.schema import check_known_keys, saved_config
 from eval.data import Example
 from eval.results import RunDir, git_sha
@@ -36,6 +37,8 @@ from eval.tasks import Task, resolve_data_dir
 from eval.tracking import Tracker
 
 log = logging.getLogger(__name__)
+
+MODEL_PAIRS = Path(__file__).resolve().parent.parent / "conf" / "model_pair"
 
 
 def settings_of(cfg: DictConfig):
@@ -46,6 +49,19 @@ def settings_of(cfg: DictConfig):
     if not settings.model_pair.members:
         raise ConfigError(f"model_pair {settings.model_pair.name!r} lists no models")
     return settings
+
+
+def model_configs(pair: str | None, models: str | None) -> list[ModelConfig]:
+    """The models of a pair of conf/model_pair (default tiny), or of conf/model names joined by '+' (as
+    `pair=` and `models=` of the lm_eval model and the server take them)."""
+    if pair is not None and models is not None:
+        raise ConfigError("give either pair=<conf/model_pair name> or models=<name>+<name>, not both")
+    if models is not None:
+        return [model_config(name) for name in str(models).split("+") if name]
+    pair = pair or "tiny"
+    if not (MODEL_PAIRS / f"{pair}.yaml").is_file():
+        raise UnknownNameError("model pair", pair, [p.stem for p in MODEL_PAIRS.glob("*.yaml")])
+    return list(settings_of(compose_run(f"model_pair={pair}")).model_pair.members.values())
 
 
 def main(cfg: DictConfig, run_dir: Path, admitted: Callable[[], None] | None = None) -> dict | None:

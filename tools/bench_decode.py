@@ -39,9 +39,13 @@
 9. `--only overhead`: the engine's host time per pass, on the paper's pair in shape at its test size, where
    a pass's arithmetic is small: each member's transformers `generate()` at batch 1 against `single` at
    batch 1 and 8 and AdaFuse exact at batch 1 and 8 (tools/bench_overhead.py).
+10. `--only serve`: `adafuse-serve` against offline decoding, on the same NQ prompts (`--limit`, 48) at 1, 8
+   and 32 concurrent clients: throughput, latency p50/p95, the server's wall time over `decode_stream`'s at
+   the same batch size (goal at 8 clients: <= 1.10), identical texts (tools/bench_serve.py).
 Prints a table and writes the figures to results/bench/decode.json; `--only reference`, `authors`,
-`projection`, `lm_eval`, `exact`, `default_run` or `overhead` writes its section alone to reference.json,
-authors.json, projection.json, lm_eval.json, exact_batching.json, default_run.json or overhead.json.
+`projection`, `lm_eval`, `exact`, `default_run`, `overhead` or `serve` writes its section alone to
+reference.json, authors.json, projection.json, lm_eval.json, exact_batching.json, default_run.json,
+overhead.json or serve.json.
 """
 
 import argparse
@@ -80,6 +84,7 @@ from eval.results import read_predictions
 from eval.tasks import BESIDE_CHECKOUT, Task
 from oracles import reference
 from tools.bench_overhead import compare_overhead
+from tools.bench_serve import compare_serve
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -596,8 +601,9 @@ def main() -> None:
             "exact",
             "default_run",
             "overhead",
+            "serve",
         ],
-        help="run one section (1, 2, 3, 4, 5, 6, 7, 8 or 9)",
+        help="run one section (1, 2, 3, 4, 5, 6, 7, 8, 9 or 10)",
     )
     parser.add_argument("--authors-code", type=Path, help="a checkout of CCM0111/AdaFuse (section 4)")
     parser.add_argument("--authors-questions", type=int, default=10, help="NQ questions for section 4")
@@ -624,9 +630,13 @@ def main() -> None:
     parser.add_argument("--lm-eval-batch-size", type=int, default=8, help="section 6's examples in flight")
     parser.add_argument("--lm-eval-repeats", type=int, default=2, help="section 6's runs of each")
     parser.add_argument(
-        "--limit", type=int, help="section 7's prompts (of --batching-task, default nq; 48), section 9's (24)"
+        "--limit",
+        type=int,
+        help="section 7's prompts (of --batching-task, default nq; 48), section 9's (24), section 10's (48)",
     )
-    parser.add_argument("--repeats", type=int, help="section 8's runs of each command (2), section 9's (3)")
+    parser.add_argument(
+        "--repeats", type=int, help="section 8's runs of each command (2), section 9's (3), section 10's (2)"
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -645,6 +655,7 @@ def main() -> None:
         "exact": "exact_batching.json",
         "default_run": "default_run.json",
         "overhead": "overhead.json",
+        "serve": "serve.json",
     }
     args.out = args.out or ROOT / "results/bench" / own_file.get(args.only, "decode.json")
     torch.set_num_threads(args.threads)
@@ -755,6 +766,12 @@ def main() -> None:
         for name, value in overhead["ratios"].items():
             print(f"  {name}: {value:.2f} (median of {overhead['repeats']})")
         print(f"  identical: {overhead['identical']}")
+    if args.only == "serve":
+        print(f"10. adafuse-serve against offline decoding: {args.limit} nq prompts, 1, 8 and 32 clients", flush=True)
+        record["serve"] = serve = compare_serve(
+            ens, task_requests("nq", args.limit, args.data_dir, 32), 8, args.threads, args.repeats
+        )
+        print(f"  server / offline at 8 clients: {serve['served']['8']['over_offline']:.2f} (goal <= 1.10)")
     if args.only in (None, "singles"):
         print("1. every method vs the two single models (same prompts, interleaved)", flush=True)
         record["singles"] = singles = compare_with_singles(

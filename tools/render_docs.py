@@ -344,6 +344,40 @@ def overhead_tables(file: str, data: dict, profile: bool) -> str:
     return "\n\n".join([provenance(file, data), runs, ratios, *([profiled] if profile else []), notes + engine])
 
 
+@renderer("serve", "serve.json")
+def serve(data: dict) -> str:
+    """Section 10: the server at 1, 8 and 32 clients against offline decoding at the batch size they keep in flight."""
+    s = data["serve"]
+    rows = [
+        [
+            clients,
+            ", ".join(f"{x:.1f}" for x in run["seconds"]),
+            f"{run['completions_per_second']:.2f}",
+            f"{run['latency_p50']:.1f} / {run['latency_p95']:.1f}",
+            ", ".join(f"{x:.1f}" for x in run["offline_seconds"]) + f" (batch {run['offline_batch_size']})",
+            f"**{run['over_offline']:.2f}×**",
+            f"{run['identical_texts']}/{s['prompts']}",
+        ]
+        for clients, run in s["served"].items()
+    ]
+    header = [
+        "clients",
+        "server seconds, each repeat",
+        "completions per second",
+        "latency p50 / p95 (s)",
+        "offline seconds, each repeat",
+        "server / offline (summed)",
+        "texts identical to offline",
+    ]
+    notes = (
+        f"{s['prompts']} NQ prompts (5-shot, the runner's prompts), {s['budget']} new tokens, AdaFuse on the bundled "
+        f"pair, the server's batch size {s['batch_size']}, {s['repeats']} alternating repeats (identical texts: in "
+        f"the worst). Goal at 8 clients: ≤ 1.10×, measured "
+        f"**{s['served']['8']['over_offline']:.2f}×**."
+    )
+    return "\n\n".join([provenance("serve.json", data), table(header, rows), notes])
+
+
 @renderer("default-run", "default_run.json")
 def default_run(data: dict) -> str:
     """Section 8: run.py's default command against each member alone."""

@@ -12,7 +12,7 @@ import weakref
 import pytest
 import torch
 
-from adafuse import Ensemble, Request, SingleConfig
+from adafuse import Ensemble, Job, Request, SingleConfig
 from adafuse.cache import PromptStore
 from adafuse.config import ModelConfig
 from adafuse.engine import decode_many, drive
@@ -239,3 +239,23 @@ def test_an_example_s_members_ask_for_their_passes_in_the_same_step(tiny):
     both = {m.name for m in tiny.members}
     assert sum(step == both for step in steps) >= 3  # the prompts, proposals and scores alike
     assert len(steps) < sum(gen.stats.forward_passes)  # fewer steps than the members' passes
+
+
+def test_an_engine_s_failing_example_ends_alone_and_the_others_decode_as_alone(tiny):
+    """`Ensemble.engine` (a server's loop): an example that raises (here its listener) has its exception as
+    its result; the example beside it finishes with the text of its decode alone."""
+    spec, cfg = resolve_method("single", {"member": 0})
+    request = Request("The capital of Italy is", max_new_tokens=4)
+
+    def broken(text):
+        raise RuntimeError(f"listener failed on {text!r}")
+
+    engine = tiny.engine(batch_size=2)
+    engine.submit("broken", Job(request, spec, cfg, broken))
+    engine.submit("fine", Job(request, spec, cfg))
+    results = {}
+    while engine.busy:
+        results.update(engine.step())
+    engine.close()
+    assert isinstance(results["broken"], RuntimeError) and "listener failed" in str(results["broken"])
+    assert results["fine"].text == tiny.decode(request, method="single", member=0).text

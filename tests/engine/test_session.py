@@ -78,3 +78,29 @@ def test_unbatched_members_read_in_the_same_step_and_their_passes_run_side_by_si
     assert [[c.scores for c in r.candidates] for r in side_by_side.trace.rounds] == [
         [c.scores for c in r.candidates] for r in one_thread.trace.rounds
     ]
+
+
+def test_on_text_hears_each_final_start_of_g_and_all_of_it_at_the_end(smol):
+    """A stop string of 10 characters may still cut the last 9 characters of G: those are held back until
+    decoding ends. A solo session (LLM-Blender's member answers) tells the listener nothing."""
+    heard = []
+    s = Session([smol], Request("Question: 2 + 2?\nAnswer:", stop="\nQuestion:"), reserve=8, on_text=heard.append)
+    s.add(" Four")
+    assert heard == []  # 5 characters, every one of them still inside a possible stop string
+    s.add(" is the answer.\n")
+    assert heard == [" Four is the"]  # 21 characters, the last 9 held back
+    alone = s.solo(0)
+    alone.add(" anything at all", eos=True)
+    assert heard == [" Four is the"]
+    assert s.add("Question: and more")  # the stop string cuts G inside what was held back
+    assert heard == [" Four is the", " Four is the answer."] and s.text == heard[-1]
+
+
+def test_on_text_during_a_real_decode_ends_with_the_generated_text(tiny):
+    heard = []
+    spec, cfg = resolve_method("adafuse", {})
+    request = Request("Question: What is the capital of France?\nAnswer:", ("\n",), 12)
+    gen = drive(spec.generate(tiny.members, request, cfg, on_text=heard.append))
+    assert heard and heard[-1] == gen.text
+    assert all(later.startswith(earlier) and later != earlier for earlier, later in zip(heard, heard[1:]))
+    assert gen.text == tiny.decode(request).text  # a listener changes nothing it hears

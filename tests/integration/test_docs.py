@@ -3,8 +3,8 @@
 Every relative link resolves (files, and #anchors to a heading of the page named). A fenced block after
 `<!-- check: compose -->` holds commands that are composed exactly as they would run: `run.py` lines by
 Hydra with the same overrides (a sweep expands to each of its values) and their typed settings built,
-so an unknown key or a value out of range fails; `scripts/*.py`, `python -m tools.*` and `python -m eval.*` lines run
-`--help`. A block after `<!-- runnable -->` is run line by line as written. A block after
+so an unknown key or a value out of range fails; `scripts/*.py`, `python -m tools.*`, `python -m eval.*` and
+`python -m serve` lines run `--help`. A block after `<!-- runnable -->` is run line by line as written. A block after
 `<!-- check: python -->` is executed. The rendered speed tables and the round's figure must equal what
 their tools produce now. docs/testing.md describes the conventions.
 """
@@ -187,7 +187,7 @@ def assert_help_works(command: Command, target: str, module: bool) -> None:
 def test_every_checked_command_composes(command):
     words = words_of(command)
     assert words and words[0] in PYTHON, f"{command}: a checked block holds only python commands"
-    if words[1] == "-m" and words[2].split(".")[0] in {"tools", "eval"}:
+    if words[1] == "-m" and words[2].split(".")[0] in {"tools", "eval", "serve"}:
         assert_help_works(command, words[2], module=True)
         return
     script = words[1]

@@ -1,6 +1,6 @@
 """A non-editable install (`pip install .`) carries everything `Ensemble.from_config` and the method
-registry need: the model configs by name and every method's entry point, with no checkout in sight; and
-nothing of the repository-only packages (tools/, oracles/, tests/)."""
+registry need: the model configs by name and every method's entry point, with no checkout in sight, and the
+server; and nothing of the repository-only packages (tools/, oracles/, tests/)."""
 
 import shutil
 import subprocess
@@ -23,6 +23,8 @@ assert model_config("llama31_8b_instruct").path == "meta-llama/Llama-3.1-8B-Inst
 assert {"adafuse", "single", "unite", "deepen", "sweetspan", "llm_blender"} <= set(METHODS)
 assert METHODS["sweetspan"].config.__module__ == "baselines.sweetspan"
 assert (Path(MODEL_CONFIGS).parent / "config.yaml").is_file()
+import serve.app  # the server ships too (its extra's packages come from the venv below)
+assert Path(serve.app.__file__).resolve().is_relative_to(site), serve.app.__file__
 print("ok")
 """
 

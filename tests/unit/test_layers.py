@@ -1,7 +1,7 @@
 """The layers of the tree: the engine (adafuse/) imports no layer above it and no engine module one that imports
 it back, the installed packages never import
 the repository-only ones (tools/, oracles/, tests/), nothing imports a test module, no file edits sys.path,
-the runner stays above the engine's facade, and the methods reach the engine only through the
+the runner and the server stay above the engine's facade, and the methods reach the engine only through the
 `adafuse.methods` entry points."""
 
 import ast
@@ -34,7 +34,7 @@ def relative(path) -> str:
 
 @pytest.mark.parametrize("path", sorted((ROOT / "adafuse").glob("*.py")), ids=lambda p: p.name)
 def test_the_engine_imports_no_layer_above_it(path):
-    above = {"baselines", "eval", "conf", "scripts", "tools", "oracles", "tests", "run"}
+    above = {"baselines", "eval", "serve", "conf", "scripts", "tools", "oracles", "tests", "run"}
     assert not {name for name in imported_modules(path) if name.split(".")[0] in above}
 
 
@@ -58,7 +58,7 @@ def test_no_engine_module_imports_one_that_imports_it_back():
     assert not cycles, " -> ".join(cycles[0])
 
 
-SHIPPED = ["adafuse", "baselines", "eval", "conf", "hydra_plugins"]  # pyproject's packages
+SHIPPED = ["adafuse", "baselines", "eval", "serve", "conf", "hydra_plugins"]  # pyproject's packages
 
 
 def test_the_installed_packages_never_import_the_repository_only_ones():
@@ -106,11 +106,13 @@ def test_the_project_imports_itself_as_installed_never_through_sys_path_or_file_
     assert not plumbing
 
 
-# What the runner (eval/, conf/, run.py) may import of the engine: the facade (`adafuse`: Ensemble,
-# Request, ...) and the settings, errors and registries; never the member, the scheduler, a session or
-# a method's code.
+# What the runner (eval/, conf/, run.py) and the server (serve/) may import of the engine: the facade
+# (`adafuse`: Ensemble, Request, Job, ...) and the settings, errors and registries; never the member, the
+# scheduler, a session or a method's code. The server steps the engine loop through `Ensemble.engine`.
 ENGINE_API = {"adafuse", "adafuse.config", "adafuse.errors", "adafuse.methods", "adafuse.registry"}
-RUNNER = sorted([*(ROOT / "eval").rglob("*.py"), *(ROOT / "conf").rglob("*.py"), ROOT / "run.py"])
+RUNNER = sorted(
+    [*(ROOT / "eval").rglob("*.py"), *(ROOT / "serve").rglob("*.py"), *(ROOT / "conf").rglob("*.py"), ROOT / "run.py"]
+)
 
 
 @pytest.mark.parametrize("path", RUNNER, ids=lambda p: str(p.relative_to(ROOT)))

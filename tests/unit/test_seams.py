@@ -56,7 +56,7 @@ def test_the_session_keeps_its_state_private_and_shows_it_read_only():
         assert isinstance(shown, property) and shown.fset is None, name
 
 
-CODE_FOLDERS = ("adafuse", "baselines", "eval", "scripts", "tools", "oracles")
+CODE_FOLDERS = ("adafuse", "baselines", "eval", "serve", "scripts", "tools", "oracles")
 
 
 @pytest.mark.parametrize("path", python_files(*CODE_FOLDERS), ids=relative)
@@ -72,7 +72,7 @@ def test_no_code_outside_the_session_touches_its_private_state(path):
     assert not touched
 
 
-@pytest.mark.parametrize("path", python_files("adafuse", "baselines", "eval"), ids=relative)
+@pytest.mark.parametrize("path", python_files("adafuse", "baselines", "eval", "serve"), ids=relative)
 def test_a_tokenizer_is_reached_only_through_the_member(path):
     """No `x.tokenizer` (nor the Member's `detokenizer`) but an object's own (`self.tokenizer`: PairRM's
     DeBERTa tokenizer, the Detokenizer's): what a method needs of a member's tokenizer is Member API."""

@@ -1,0 +1,78 @@
+"""The server's request checks (serve/protocol.py) on literal bodies, no model: how a request's knobs meet the
+server's, what a knob's type must be, the words a text is streamed and scored in, and usage's sums.
+tests/integration/test_serve.py sends the refusals to a real server."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from adafuse import AdaFuseConfig
+from serve.protocol import ApiError, Defaults, parse_chat, parse_completion, usage, word_logprobs, words
+
+SERVER = Defaults(
+    model="tiny",
+    method="adafuse",
+    config=AdaFuseConfig(tau=0.5, branches=1),
+    max_tokens=64,
+    models=("smollm2_135m", "gemma3_270m"),
+    chat=(True, False),
+)
+
+
+def test_a_request_s_knobs_apply_over_the_server_s_and_another_method_starts_from_its_defaults():
+    own = parse_completion({"prompt": "Hi", "adafuse": {"max_words": 2}}, SERVER).config
+    assert (own.tau, own.branches, own.max_words) == (0.5, 1, 2)
+    other = parse_completion({"prompt": "Hi", "adafuse": {"method": "adafuse_code"}}, SERVER).config
+    assert type(other).__name__ == "AdaFuseCodeConfig"
+    single = parse_completion({"prompt": "Hi", "adafuse": {"method": "single", "member": 1}}, SERVER)
+    assert single.used == (1,) and single.reserve == 16  # single's positions: the budget (default 16)
+
+
+@pytest.mark.parametrize(
+    "knobs, field",
+    [
+        ({"tau": True}, "adafuse.tau"),  # a JSON boolean is no number
+        ({"branches": 2.5}, "adafuse.branches"),
+        ({"fixed_words": "two"}, "adafuse.fixed_words"),
+        ({"method": "single", "member": 2}, "adafuse"),  # the pair has two models
+        ({"method": 3}, "adafuse.method"),
+    ],
+)
+def test_a_knob_of_the_wrong_type_or_range_is_refused_naming_it(knobs, field):
+    with pytest.raises(ApiError) as refused:
+        parse_completion({"prompt": "Hi", "adafuse": knobs}, SERVER)
+    assert (refused.value.status, refused.value.param) == (400, field)
+
+
+def test_a_prompt_s_shared_prefix_is_its_text_through_its_last_blank_line():
+    prompt = "Answer briefly.\n\nQ: one?\nA: 1\n\nQ: two?\nA:"
+    (request,) = parse_completion({"prompt": prompt, "stop": "\n"}, SERVER).requests
+    assert request.prefix == "Answer briefly.\n\nQ: one?\nA: 1\n\n" and request.stop == ("\n",)
+
+
+def test_chat_needs_every_model_the_method_uses_to_render_a_chat_template():
+    message = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}]}
+    with pytest.raises(ApiError, match="gemma3_270m reads plain text"):
+        parse_chat(message, SERVER)
+    alone = parse_chat(message | {"adafuse": {"method": "single", "member": 0}}, SERVER)
+    assert alone.requests[0].prompt == "Hi" and alone.requests[0].max_new_tokens == SERVER.max_tokens
+    with pytest.raises(ApiError, match="one user message"):
+        parse_chat({"messages": [{"role": "system", "content": "Be brief."}, *message["messages"]]}, SERVER)
+
+
+def test_words_join_back_to_the_text_and_are_scored_after_everything_before_them():
+    text = " Paris.\n\nThe  capital "
+    assert words(text) == [" Paris.", "\n\nThe", "  capital", " "] and "".join(words(text)) == text
+    pieces, offsets, pairs = word_logprobs("Q: where?\nA:", " Paris, France")
+    assert pieces == [" Paris,", " France"] and offsets == [0, 7]
+    assert pairs == [("Q: where?\nA:", " Paris,"), ("Q: where?\nA: Paris,", " France")]
+
+
+def test_usage_sums_each_model_s_own_tokens():
+    generations = [SimpleNamespace(stats=SimpleNamespace(tokens_generated=[3, 4]))] * 2
+    counts = usage(SERVER.models, (0, 1), [[10, 11], [12, 13]], generations)
+    assert counts["models"] == [
+        {"name": "smollm2_135m", "prompt_tokens": 22, "completion_tokens": 6},
+        {"name": "gemma3_270m", "prompt_tokens": 24, "completion_tokens": 8},
+    ]
+    assert (counts["prompt_tokens"], counts["completion_tokens"], counts["total_tokens"]) == (46, 14, 60)
