@@ -1,9 +1,9 @@
 """Batch-invariant merged passes: every request of a merged forward pass computed exactly as it would
-be alone, so that batch_size never changes an output (README: Batching, "exact").
+be alone, so that batch_size never changes an output (docs/speed.md, "Exact batching").
 
 A merged pass (adafuse/merged_pass.py `forward_together`) stacks requests with caches of different
 lengths and inputs of different widths (right padding). Two things made a row's numbers depend on
-its batch (measured on this project's CPU; the GPU is discussed in the README):
+its batch (measured on this project's CPU; docs/speed.md says what holds on a GPU):
 
 - attention over left-padded keys with a mask is computed with other shapes, and so other rounding,
   than attention over the request's own keys (bfloat16 results differed by up to 0.7 in the logits,

@@ -6,7 +6,7 @@ memory again for every row or two. A block of 512 of its rows stays in the proce
 row is multiplied by it, so the matrix is read once. Each block is the same multiply over the same inner
 dimension, so every logit keeps the bits of one multiply over the whole matrix with the same rows
 (tests/engine/test_projection.py checks it on both bundled models' heads); only the time changes
-(README: Speed).
+(docs/speed.md, "The vocabulary projection on the CPU").
 
 Each block is multiplied in row tiles like every other linear layer (adafuse/invariance.py
 `tiled_linear`): the rows are padded to whole tiles once, and every block's multiply is probed as its own
@@ -21,7 +21,7 @@ alone, or the other model's pass of the turn over: adafuse/cores.py) a kept thre
 thread on one MKL thread, where a probe shows that one thread gives a block its bits. Which thread
 multiplies a block never changes its bits.
 
-Heads where blocks cost more than they save keep one multiply (README: Speed, the figures): bfloat16
+Heads where blocks cost more than they save keep one multiply (docs/speed.md, the projection's figures): bfloat16
 ones, whose CPU kernels were slower in blocks at every size measured, Gemma-3's real head included; and
 heads with a narrow inner dimension (under `MIN_HIDDEN`: the tests' tiny models), where each block is
 too little work to pay for its call. On any other device the layer is left alone: a GPU picks its

@@ -1,4 +1,4 @@
-"""Every token's bytes, and the rule that keeps generated text Unicode (spec §2; README "Text is Unicode").
+"""Every token's bytes, and the rule that keeps generated text Unicode (spec §2; docs/algorithm.md, "Text is Unicode").
 
 A vocabulary spells bytes its own way:
 

@@ -5,7 +5,7 @@ Table 1's numbers come from the authors' scripts (github.com/CCM0111/AdaFuse, co
 the paper's algorithm (`method=adafuse`, ../shared/spec/adafuse.md). This method reproduces what their
 scripts output, so that a gap to Table 1 can be put on our code, theirs, the prompts or the scorer.
 Their behaviour, rule by rule with line numbers: tests/fixtures/authors_code/BEHAVIOUR.md; the quirks
-and the knob that turns each off: README.md, "The authors' code". Line numbers below are
+and the knob that turns each off: docs/protocol.md, "Their quirks". Line numbers below are
 `AdaFuse_two_models.py`'s. No line of theirs is copied here.
 
 Knobs, their flags and defaults (ours, theirs):

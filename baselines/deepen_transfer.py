@@ -18,7 +18,7 @@ entries keeps almost none of its mass, while a first-order form keeps its whole 
 (exp linearised around the row's mean; offset makes the row sum exactly 1; Ê_a = unit anchor
 embedding). That is two numbers per row plus `row_top_k` exact entries, and the member's own
 embedding matrix, which the model holds anyway. The build logs, and stores in the cache file's
-metadata, the L1 error of every row against its dense row (the README gives the bundled pair's).
+metadata, the L1 error of every row against its dense row (docs/baselines.md gives the bundled pair's).
 
 The cache file (safetensors, written atomically, built under a file lock so that concurrent processes
 build it once) is keyed by each member's embeddings and vocabulary, the temperature, `row_top_k`,

@@ -314,5 +314,5 @@ def _load_dataset(path: str, name: str | None, split: str):
     except Exception as err:  # network, gating, unknown split: all end the same way for the user
         raise DataError(
             f"cannot load {path}{f' ({name})' if name else ''} split {split!r} from the Hugging Face hub: {err}. "
-            "Without network access, point data.dir at a local copy (see README, 'Local data')."
+            "Without network access, point data.dir at a local copy (docs/data.md, 'Where data come from')."
         ) from err

@@ -4,7 +4,7 @@ differ, and each run's metrics, recomputed from its predictions.jsonl (and check
     python scripts/compare_runs.py results/grid/nq/adafuse/tiny/default \
         "results/grid/nq/adafuse_code/tiny/protocol=paper"
 
-Made for a default run beside its protocol=paper run (README, "The paper's protocol"): the two read their
+Made for a default run beside its protocol=paper run (docs/protocol.md): the two read their
 examples from different files (canonical and the paper's) with different prompts, so the examples are
 matched by id and their inputs compared as text. A prediction "changes" when the answer its run's scorers
 read differs: `answer` (the task's extraction) for the standard metrics, the authors' pred for paper_*.

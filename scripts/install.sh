@@ -19,7 +19,7 @@ else
 fi
 $pip install --quiet --disable-pip-version-check uv
 # Everything goes through uv, which resolves, fetches and unpacks in parallel where pip takes one package
-# at a time (torch's wheel: 18 s with pip, 3 s with uv; README: the times). uv reads none of pip's
+# at a time (torch's wheel: 18 s with pip, 3 s with uv; README.md: the times). uv reads none of pip's
 # settings (a private index: set UV_INDEX_URL), but a machine that keeps its torch wheels in pip's
 # find-links (this one's CPU build) keeps them for uv too.
 links=${PIP_FIND_LINKS:-$("$PY" -m pip config get global.find-links 2>/dev/null || true)}

@@ -6,7 +6,7 @@
 
 One row per single model, baseline and AdaFuse configuration (a run id other than `default` is part
 of the row's name; LLM-Blender's ranker and DeePEn's main member always are), one column per task, and
-the average over tasks. protocol=paper runs (README, "The paper's protocol") come last and report their
+the average over tasks. protocol=paper runs (docs/protocol.md) come last and report their
 paper_* metric in every table, so that with --paper they sit right above the paper's published rows.
 Every cell is the metric ± its bootstrap standard error over examples. The gain rows compare AdaFuse
 (run id `default`) with the best baseline and the best single model of each column, on the examples
