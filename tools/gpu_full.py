@@ -17,7 +17,8 @@ the shared prefix read once per model). Each run is recorded as it ends:
    how each model's requests met (`DecodeStream.batching`), texts against exact batch 1;
 4. UniTE and SweetSpan at batch 8 (the paper's Figure 5 compares their wall time with AdaFuse's);
 5. the row tile and the one-call verdicts the probes chose for each weight shape (adafuse/invariance.py),
-   and each run's peak GPU memory;
+   and each run's peak GPU memory; whether a merged pass's attention could run in one call on this GPU and
+   keep every request's bits (tools/attention_probe.py, at the pair's heads);
 6. the ratios: AdaFuse (exact, batch 8) over the members' summed `generate()` and over their summed
    `single` at batch 8; exact over not exact; batch 8 over batch 1; UniTE and SweetSpan over AdaFuse.
 
@@ -39,7 +40,7 @@ from transformers import AutoTokenizer, GenerationConfig, StoppingCriteriaList, 
 from adafuse import Ensemble, Request
 from adafuse.backend import backend_for
 from adafuse.model import Member
-from tools import make_paper_pair
+from tools import attention_probe, make_paper_pair
 from tools.bench_decode import task_requests
 from tools.gpu_check import StepRecord, environment
 
@@ -98,6 +99,7 @@ def check(out: Path, data_dir: Path, dry_run: bool = False, limit=None, prompts=
     record.step("build", build)
     if len(pair) < len(NAMES):
         return record.record
+    record.step("attention", lambda left: attention_probe.probe(device, torch.bfloat16, **heads_of(sizes)))
     generations: dict[str, dict] = {}
 
     def run(name: str, decode, *args, **knobs) -> None:
@@ -125,6 +127,12 @@ def check(out: Path, data_dir: Path, dry_run: bool = False, limit=None, prompts=
     record.put("identical", identical(generations, len(requests)))
     record.put("ratios", ratios(record.record))
     return record.record
+
+
+def heads_of(sizes: dict) -> dict:
+    """The attention's heads, key/value heads and head size (both models of the pair have the same)."""
+    heads = sizes["num_attention_heads"]
+    return {"heads": heads, "kv_heads": sizes["num_key_value_heads"], "head_dim": sizes["hidden_size"] // heads}
 
 
 def bare_model(name: str, sizes: dict, device: str) -> tuple:

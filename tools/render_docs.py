@@ -202,6 +202,35 @@ def authors(data: dict) -> str:
     return "\n\n".join([provenance("authors.json", data), table(header, rows), notes])
 
 
+@renderer("attention", "attention_cpu.json")
+def attention(data: dict) -> str:
+    """A merged pass's attention per request against one call (tools/attention_probe.py)."""
+    ways = {
+        "sdpa_padded": "one SDPA call, requests right-padded, a mask",
+        "varlen": "FlashAttention varlen, one call",
+        "varlen_one_split": "the same, `num_splits=1`",
+    }
+    header = ["dtype", "way", "ms per merged pass", "each request's bits as alone", "as the same call over it alone"]
+    rows = []
+    for dtype, run in data["dtypes"].items():
+        rows.append([dtype, "per request (the engine)", f"{run['per_request']['ms']:.1f}", "yes", "yes"])
+        for way, name in ways.items():
+            got = run[way]
+            if "error" in got:
+                rows.append([dtype, name, "not run: " + got["error"].partition(": ")[2], "", ""])
+                continue
+            verdicts = ["yes" if got[v] else "no" for v in ("equals_alone", "batch_invariant")]
+            rows.append([dtype, name, f"{got['ms']:.1f}", *verdicts])
+    first = next(iter(data["dtypes"].values()))
+    notes = (
+        f"{len(first['shapes'])} requests of {min(w for w, _ in first['shapes'])} to "
+        f"{max(w for w, _ in first['shapes'])} queries after {min(n for _, n in first['shapes'])} to "
+        f"{max(n for _, n in first['shapes']):,} cached positions, {first['heads']} heads over "
+        f"{first['kv_heads']} key/value heads of {first['head_dim']}, seeded random inputs, on {first['device']}."
+    )
+    return "\n\n".join([provenance("attention_cpu.json", data), table(header, rows), notes])
+
+
 @renderer("dtypes", "dtypes.json")
 def dtypes(data: dict) -> str:
     header = ["method", "outputs that differ, bfloat16 vs float32"]

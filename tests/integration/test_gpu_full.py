@@ -43,6 +43,10 @@ def test_the_dry_run_runs_every_step_and_records_it(shared_data, tmp_path):
     assert {"128256x256", "32768x256", "256x256", "64x256", "512x256", "256x512"} == set(record["probes"])
     assert all(shape["tile_rows"] >= 1 for shape in record["probes"].values())
     assert all(isinstance(ratio, float) for ratio in record["ratios"].values()), record["ratios"]
+    attention = record["attention"]  # at the pair's heads; FlashAttention's varlen kernel is CUDA's alone
+    assert (attention["heads"], attention["kv_heads"], attention["head_dim"]) == (4, 1, 64)
+    assert {type(attention["sdpa_padded"][v]) for v in ("equals_alone", "batch_invariant")} == {bool}
+    assert "CUDA only" in attention["varlen"]["error"] and attention["per_request"]["ms"] > 0
 
 
 def test_a_run_past_its_deadline_stops_and_says_how_far_it_got(shared_data):
