@@ -222,11 +222,11 @@ def attention(data: dict) -> str:
             verdicts = ["yes" if got[v] else "no" for v in ("equals_alone", "batch_invariant")]
             rows.append([dtype, name, f"{got['ms']:.1f}", *verdicts])
     first = next(iter(data["dtypes"].values()))
+    widths, cached = zip(*first["shapes"], strict=True)
+    heads = f"{first['heads']} heads over {first['kv_heads']} key/value heads of {first['head_dim']}"
     notes = (
-        f"{len(first['shapes'])} requests of {min(w for w, _ in first['shapes'])} to "
-        f"{max(w for w, _ in first['shapes'])} queries after {min(n for _, n in first['shapes'])} to "
-        f"{max(n for _, n in first['shapes']):,} cached positions, {first['heads']} heads over "
-        f"{first['kv_heads']} key/value heads of {first['head_dim']}, seeded random inputs, on {first['device']}."
+        f"{len(widths)} requests of {min(widths)} to {max(widths)} queries after {min(cached)} to {max(cached):,} "
+        f"cached positions, {heads}, seeded random inputs, on {first['device']}."
     )
     return "\n\n".join([provenance("attention_cpu.json", data), table(header, rows), notes])
 
