@@ -16,6 +16,7 @@ output of one call against its output alone, bit for bit, and the time of each w
   mask. `equals_alone`: each request's rows equal `per_request`'s (one call would change no output).
   `batch_invariant`: they equal the same padded call over the request by itself, at its own length (one
   call would be exact if passes alone went through it too, a change of every output's bits);
+  `max_difference`: the largest difference from `per_request`, rounding if the way computes the same thing;
 - `varlen`: FlashAttention's variable-length kernel (`torch.nn.attention.varlen.varlen_attn`, CUDA only)
   over the requests packed end to end, its causal window aligned to each request's last key; the same two
   verdicts, `batch_invariant` against the kernel over the request by itself. `varlen_one_split`: the same
@@ -96,6 +97,7 @@ def probe(device: str, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: 
         result[name] = {
             "equals_alone": same(together, alone),
             "batch_invariant": same(together, by_itself),
+            "max_difference": largest_difference(together, alone),
             "ms": milliseconds(lambda call=call: call(every), device, repeats),
         }
     return result
@@ -104,6 +106,12 @@ def probe(device: str, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: 
 def same(outputs: list[torch.Tensor], others: list[torch.Tensor]) -> bool:
     """Every request's output equal to the other's, bit for bit."""
     return all(torch.equal(a, b) for a, b in zip(outputs, others, strict=True))
+
+
+def largest_difference(outputs: list[torch.Tensor], others: list[torch.Tensor]) -> float:
+    """The largest absolute difference between two ways' outputs: rounding (a way that computes the same
+    attention) or not (one that computes another, e.g. a causal window aligned elsewhere)."""
+    return max((a.float() - b.float()).abs().max().item() for a, b in zip(outputs, others, strict=True))
 
 
 def causal_mask(width: int, length: int, device) -> torch.Tensor:
