@@ -211,16 +211,17 @@ def attention(data: dict) -> str:
         "varlen_one_split": "the same, `num_splits=1`",
     }
     header = ["dtype", "way", "ms per merged pass", "each request's bits as alone", "as the same call over it alone"]
+    header.append("largest difference from alone")
     rows = []
     for dtype, run in data["dtypes"].items():
-        rows.append([dtype, "per request (the engine)", f"{run['per_request']['ms']:.1f}", "yes", "yes"])
+        rows.append([dtype, "per request (the engine)", f"{run['per_request']['ms']:.1f}", "yes", "yes", "0"])
         for way, name in ways.items():
             got = run[way]
             if "error" in got:
-                rows.append([dtype, name, "not run: " + got["error"].partition(": ")[2], "", ""])
+                rows.append([dtype, name, "not run: " + got["error"].partition(": ")[2], "", "", ""])
                 continue
             verdicts = ["yes" if got[v] else "no" for v in ("equals_alone", "batch_invariant")]
-            rows.append([dtype, name, f"{got['ms']:.1f}", *verdicts])
+            rows.append([dtype, name, f"{got['ms']:.1f}", *verdicts, f"{got['max_difference']:.1e}"])
     first = next(iter(data["dtypes"].values()))
     widths, cached = zip(*first["shapes"], strict=True)
     heads = f"{first['heads']} heads over {first['kv_heads']} key/value heads of {first['head_dim']}"
