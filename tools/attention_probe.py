@@ -10,8 +10,8 @@ whatever shares the call. This probe measures, on random queries, keys and value
 (requests of different widths after caches of different lengths, grouped-query heads), each request's
 output of one call against its output alone, bit for bit, and the time of each way:
 
-- `per_request`: transformers' SDPA attention called per request, with the mask its pass alone gets (none
-  for one query, a causal one otherwise): what the engine does, and the bits every output has today;
+- `per_request`: transformers' SDPA attention called per request, with the mask the engine gives its pass
+  alone (`engine_masks`): what the engine does, and the bits every output has today;
 - `sdpa_padded`: one SDPA call over the requests right-padded to the widest and longest, with a boolean
   mask. `equals_alone`: each request's rows equal `per_request`'s (one call would change no output).
   `batch_invariant`: they equal the same padded call over the request by itself, at its own length (one
@@ -27,6 +27,7 @@ output of one call against its output alone, bit for bit, and the time of each w
 """
 
 import argparse
+import inspect
 import json
 import statistics
 import time
@@ -35,8 +36,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from transformers import LlamaConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from adafuse.invariance import AloneMasks, Span
 from tools.bench_decode import cpu_model
 
 # (width, cached length) per request: a merged pass of decoding requests after 5-shot NQ prompts (about
@@ -59,11 +62,12 @@ def probe(device: str, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: 
     values = [random(1, kv_heads, length + width, head_dim) for width, length in shapes]
     module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
     scale = head_dim**-0.5
+    alone_mask = engine_masks(heads, kv_heads, head_dim)
 
     def per_request() -> list[torch.Tensor]:
         outputs = []
         for (width, length), q, k, v in zip(shapes, queries, keys, values, strict=True):
-            mask = None if width == 1 else causal_mask(width, length, device)
+            mask = alone_mask(width, length, q)
             outputs.append(sdpa_attention_forward(module, q, k, v, mask, scaling=scale)[0][0])
         return outputs
 
@@ -101,6 +105,23 @@ def probe(device: str, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: 
             "ms": milliseconds(lambda call=call: call(every), device, repeats),
         }
     return result
+
+
+def engine_masks(heads: int, kv_heads: int, head_dim: int) -> Callable:
+    """`mask(width, length, query)`: the mask the engine gives a request's attention in its pass alone
+    (adafuse/invariance.py `AloneMasks`, transformers' own mask functions: none where SDPA's causal flag
+    does), for a full-attention model of these heads."""
+    config = LlamaConfig(
+        hidden_size=heads * head_dim, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        num_hidden_layers=1, vocab_size=1, bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    masks = AloneMasks()
+
+    def mask(width: int, length: int, query: torch.Tensor) -> torch.Tensor | None:
+        return masks.get(config, None, Span(rows=slice(0, 1), length=length, width=width), query)
+
+    return mask
 
 
 def same(outputs: list[torch.Tensor], others: list[torch.Tensor]) -> bool:
@@ -142,9 +163,7 @@ def varlen_call(scale: float, shapes, queries, keys, values, splits: int | None 
     queries aligned to its last keys (window (-1, 0)), the key/value sequence split in `splits` parts (None:
     the kernel's choice, which depends on the longest request): each request's (width, heads, head_dim) output.
     A torch without grouped-query heads in the kernel (2.11) gets the key/value heads repeated."""
-    import inspect
-
-    from torch.nn.attention.varlen import varlen_attn
+    from torch.nn.attention.varlen import varlen_attn  # torch >= 2.11
 
     if queries[0].device.type != "cuda":
         raise NotImplementedError("FlashAttention's varlen kernel runs on CUDA only")

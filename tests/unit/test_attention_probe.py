@@ -34,11 +34,11 @@ def test_the_padded_call_is_each_requests_causal_attention(heads, kv_heads):
     queries, keys, values = requests(heads, kv_heads, 16)
     module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
     outputs = attention_probe.padded_call(module, 16**-0.5, SHAPES, queries, keys, values, "cpu")
+    alone_mask = attention_probe.engine_masks(heads, kv_heads, 16)
     for (width, length), q, k, v, out in zip(SHAPES, queries, keys, values, outputs, strict=True):
         assert out.shape == (width, heads, 16)
         torch.testing.assert_close(out.double(), slow_attention(q, k, v, length), atol=1e-5, rtol=1e-5)
-        mask = None if width == 1 else attention_probe.causal_mask(width, length, "cpu")
-        alone = sdpa_attention_forward(module, q, k, v, mask, scaling=16**-0.5)[0][0]
+        alone = sdpa_attention_forward(module, q, k, v, alone_mask(width, length, q), scaling=16**-0.5)[0][0]
         torch.testing.assert_close(out, alone)  # the engine's attention alone, up to the last bits
 
 
