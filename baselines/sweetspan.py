@@ -52,15 +52,15 @@ Choices where the notes leave one open or where the upstream description is wron
 import math
 from dataclasses import dataclass
 
-from adafuse.completion import complete_words
+from adafuse.methods.completion import complete_words
 from adafuse.errors import ConfigError, UnknownNameError
 from adafuse.methods import Method
-from adafuse.passes import together
-from adafuse.pool import Proposal, build_pool, choose_winner, commit, score_pool
-from adafuse.session import Session
-from adafuse.stopping import cut_at_stop
+from adafuse.member.passes import together
+from adafuse.methods.pool import Proposal, build_pool, choose_winner, commit, score_pool
+from adafuse.methods.session import Session
+from adafuse.methods.stopping import cut_at_stop
 from adafuse.trace import Score
-from adafuse.words import CHAR_SLACK
+from adafuse.text.words import CHAR_SLACK
 
 SCORES = ("nll", "perplexity")
 

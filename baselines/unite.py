@@ -39,8 +39,8 @@ import torch
 
 from adafuse.errors import ConfigError
 from adafuse.methods import Method
-from adafuse.passes import together
-from adafuse.session import Session
+from adafuse.member.passes import together
+from adafuse.methods.session import Session
 from baselines.vocab import Vocabulary, check_weights, member_weights, vocabulary_of
 
 log = logging.getLogger(__name__)

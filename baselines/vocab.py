@@ -1,7 +1,7 @@
 """Vocabulary normalisation for the token-level baselines (UniTE, DeePEn): every id -> the text it stands for.
 
 Token-level ensembles compare tokens of different tokenizers by their text (research notes
-../shared/research/baselines.md §7.2). Each id's bytes come from adafuse/tokens.py, which reads
+../shared/research/baselines.md §7.2). Each id's bytes come from adafuse/text/tokens.py, which reads
 byte-level BPE and SentencePiece vocabularies (the type detected from the vocabulary itself, never
 from a model's name); added tokens (Gemma's newline runs, `<|im_end|>`) stand for their literal content.
 
@@ -40,7 +40,7 @@ class Vocabulary:
 
     @classmethod
     def build(cls, kind: str, raws: list[bytes | None], excluded=frozenset()) -> "Vocabulary":
-        """Normalise a vocabulary of type `kind` from each logit column's bytes (adafuse/tokens.py
+        """Normalise a vocabulary of type `kind` from each logit column's bytes (adafuse/text/tokens.py
         `vocabulary_bytes`); `excluded` are the ids that are never text (control and eos ids)."""
         texts: list[str | None] = [None] * len(raws)
         partial = set()

@@ -145,7 +145,7 @@ class RunConf:
     trace: bool = False  # record each round's pool and scores (spec §7) in predictions.jsonl
     cache_dir: str | None = None  # converted-model cache; null: $ADAFUSE_CACHE or ~/.cache/adafuse
     threads: int | None = None  # torch CPU threads; null: torch's default
-    # Examples decoded at once (adafuse/engine.py): their forward passes are merged per model. The
+    # Examples decoded at once (adafuse/engine/loop.py): their forward passes are merged per model. The
     # default is the measured best on the bundled pair (docs/speed.md, "Batching across examples");
     # lower it if a pass cannot fit (BatchMemoryError).
     batch_size: int = DEFAULT_BATCH_SIZE
@@ -153,7 +153,7 @@ class RunConf:
     # "Exact batching"). false merges linear layers across examples where that changes their last bits (fast,
     # float32 on a CPU): batch_size then joins the run id, and a run resumes only at its own size.
     batch_exact: bool = True
-    # An example's models run their passes side by side, each on its share of the cores (adafuse/cores.py).
+    # An example's models run their passes side by side, each on its share of the cores (adafuse/backend/cpu/cores.py).
     # false: one model's passes after the other's, each on every core; outputs are the same (docs/speed.md).
     batch_side_by_side: bool = True
     progress: bool = True

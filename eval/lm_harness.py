@@ -7,7 +7,7 @@ of conf/model names (`models=smollm2_135m+gemma3_270m`), a method by name with i
 arguments, and the runner's `cache_dir`, `threads` and `batch_exact`; lm_eval's `batch_size` is the
 number of examples in flight. `generate_until` decodes with the method through the runner's scheduler;
 `loglikelihood` and `loglikelihood_rolling` score strings as a product of the members' experts
-(adafuse/scoring.py).
+(adafuse/methods/scoring.py).
 
 lm_eval 0.4.13 finds no external model by itself, and a model registered before `lm_eval.models` is
 imported hides the built-in ones (their lazy registration runs only into an empty registry), so this

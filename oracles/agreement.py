@@ -5,10 +5,10 @@ identical text, ids, pools (text, eos, proposers) and winners, NLLs and fused sc
 import pytest
 
 from adafuse import AdaFuseConfig, Generation, Request
-from adafuse.decode import decode as adafuse_decode
-from adafuse.decode import positions_needed
-from adafuse.engine import drive
-from adafuse.session import Session
+from adafuse.methods.adafuse import decode as adafuse_decode
+from adafuse.methods.adafuse import positions_needed
+from adafuse.engine.loop import drive
+from adafuse.methods.session import Session
 from oracles import reference
 from tools.testing import decode
 

@@ -1,6 +1,6 @@
 """A slow reference AdaFuse, written as plainly as ../shared/spec/adafuse.md reads.
 
-No KV cache and no bookkeeping shared with the fast decoder (adafuse/decode.py): every quantity
+No KV cache and no bookkeeping shared with the fast decoder (adafuse/methods/adafuse.py): every quantity
 (next-token distribution, each candidate's NLL) comes from a full forward pass over the whole token
 sequence, and text is decoded from the start of the context. It shares only the weights, the
 tokenizers and two constants. The tests check the fast decoder against it token for token, and
@@ -15,9 +15,9 @@ from typing import NamedTuple
 
 import torch
 
-from adafuse.tokens import vocabulary_bytes
-from adafuse.words import CHAR_SLACK
-from adafuse.words import REPLACEMENT as PARTIAL
+from adafuse.text.tokens import vocabulary_bytes
+from adafuse.text.words import CHAR_SLACK
+from adafuse.text.words import REPLACEMENT as PARTIAL
 
 
 def _utf8_prefix(data: bytes) -> str:
@@ -421,8 +421,8 @@ class RefResult(NamedTuple):
 
 
 def generate(members, request, cfg, early_finish: bool = True) -> RefResult:
-    """Decode a `Request` (adafuse/session.py). `early_finish`: end in a round that would end G at the
-    same stop whatever won (adafuse/decode.py `RoundEnd`), before scoring it, as the fast decoder does."""
+    """Decode a `Request` (adafuse/methods/session.py). `early_finish`: end in a round that would end G at the
+    same stop whatever won (adafuse/methods/adafuse.py `RoundEnd`), before scoring it, as the fast decoder does."""
     run, rounds = RefRun(members, request.prompt), []
     while True:
         pool: dict = {}

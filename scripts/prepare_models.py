@@ -1,7 +1,7 @@
 """Convert the models a run will decode with into the cache before it starts, each in its own process,
 side by side.
 
-A GGUF model (the bundled pair) is dequantised on first use and cached (adafuse/loading.py). Jobs that
+A GGUF model (the bundled pair) is dequantised on first use and cached (adafuse/loading/pretrained.py). Jobs that
 start on a fresh cache wait for that conversion, one model after the other; this does it once, ahead:
 before a SLURM sweep, in CI before the tests, or after an install. It takes run.py's overrides and
 prepares the models that run would use (`single` uses one member of the pair).
@@ -19,7 +19,7 @@ from hydra.errors import HydraException
 
 from adafuse.config import ModelConfig
 from adafuse.errors import AdaFuseError
-from adafuse.loading import model_location
+from adafuse.loading.pretrained import model_location
 from conf.compose import compose_run
 from eval.runner import decoding_models, settings_of
 

@@ -8,7 +8,7 @@ tickets whose clients left, and scores the texts that asked for log-probabilitie
 and hands each finished example, and each text a session reported as final, back to its ticket's event
 queue through the event loop (`call_soon_threadsafe`). Nothing in the decode path takes a lock.
 
-Exact merged passes (adafuse/invariance.py) give every example the bits of its decode alone, whatever else is
+Exact merged passes (adafuse/backend/invariance.py) give every example the bits of its decode alone, whatever else is
 in flight: a completion's text does not depend on the server's load.
 
 Shutdown drains: after `drain(grace)` no new ticket is taken; the ones in flight go on, and any still there

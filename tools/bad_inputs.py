@@ -572,7 +572,7 @@ def shard_held_by_another_run(folder: Path):
 
 def truncated_gguf(folder: Path) -> None:
     """The first 2 MB of the bundled SmolLM2 GGUF: its header whole, its tensors cut."""
-    from adafuse.bundled import BUNDLES
+    from adafuse.loading.bundled import BUNDLES
 
     (bundled,) = BUNDLES["smollm2_135m"]()
     with open(bundled, "rb") as source:
@@ -585,7 +585,7 @@ def truncated_safetensors(folder: Path) -> None:
     from safetensors.torch import save_file
 
     from adafuse.ensemble import model_config
-    from adafuse.loading import converted_gguf_dir, default_cache_dir
+    from adafuse.loading.pretrained import converted_gguf_dir, default_cache_dir
 
     converted = converted_gguf_dir(model_config("smollm2_135m"), default_cache_dir())
     model = folder / "model"

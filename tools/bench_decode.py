@@ -9,7 +9,7 @@
    generated token per model; AdaFuse with B = 1 (no branching) alongside, to show what B = 3 costs.
 2. The fast decoder against the cache-free reference (oracles/reference.py) on few-shot
    prompts of 500+ tokens: identical output, and the speed-up.
-3. Batching across examples (adafuse/engine.py): AdaFuse and `single` at batch sizes 1, 4, 8, 16
+3. Batching across examples (adafuse/engine/loop.py): AdaFuse and `single` at batch sizes 1, 4, 8, 16
    on the same 48 benchmark prompts: throughput (examples per second), the AdaFuse cost per example
    against the two members' unbatched greedy decoding, outputs identical to batch size 1, and the
    peak memory of each run.
@@ -19,13 +19,13 @@
    and the two single models: wall time per example, the speed-up over their code (goal >= 10x), and
    their `pred` against ours (identical).
 5. `--only projection`: each bundled model's vocabulary projection, multiplied in blocks of its weight's
-   rows (adafuse/projection.py) against one F.linear, interleaved, for 1-64 rows: time, and identical bits
+   rows (adafuse/backend/cpu/projection.py) against one F.linear, interleaved, for 1-64 rows: time, and identical bits
    to one F.linear of the rows padded to the blocks' row tiles (the canonical multiply).
 6. `--only lm_eval`: the same 48 NQ prompts decoded by AdaFuse through lm-evaluation-harness
    (`simple_evaluate` with our `adafuse` model and the task eval/lm_tasks.py writes) and as the runner
    decodes them (`Ensemble.decode_stream`), at the same batch size, alternating which goes first: wall
    time of each, the ratio (goal <= 1.10), and identical texts.
-7. `--only exact`: what exact batching costs (adafuse/invariance.py): AdaFuse on the same 48 prompts of
+7. `--only exact`: what exact batching costs (adafuse/backend/invariance.py): AdaFuse on the same 48 prompts of
    one task (`--batching-task`, default NQ; `--limit` fewer) exact at batch 8, not exact at batch 8 and
    exact at batch 1, in one run: the three throughputs and whether the outputs are identical.
 8. `--only default_run`: the user's measure of the ensemble's cost. `python run.py` with every default
@@ -71,13 +71,13 @@ import torch.nn.functional as F
 
 from adafuse import AdaFuseConfig, Ensemble
 from adafuse.backend import backend_for
-from adafuse.engine import decode_many, drive
+from adafuse.engine.loop import decode_many, drive
 from adafuse.ensemble import resolve_method
-from adafuse.executor import Executor
-from adafuse.invariance import pad_to_tiles
+from adafuse.engine.executor import Executor
+from adafuse.backend.invariance import pad_to_tiles
 from adafuse.methods import METHODS
-from adafuse.projection import BLOCK_ROWS
-from adafuse.session import Request
+from adafuse.backend.cpu.projection import BLOCK_ROWS
+from adafuse.methods.session import Request
 from conf.compose import compose_run
 from conf.schema import DataConf
 from eval.results import read_predictions
@@ -269,7 +269,7 @@ def decode_suite(
     ens: Ensemble, cases: list, method: str, options: dict, batch_size: int, exact: bool = True
 ) -> tuple[list, dict]:
     """Decode every case (a Request) with `batch_size` in flight, merged passes `exact` or not
-    (adafuse/invariance.py): (texts in case order, figures)."""
+    (adafuse/backend/invariance.py): (texts in case order, figures)."""
     spec, cfg = resolve_method(method, options)
 
     def one(members, i):
@@ -379,7 +379,7 @@ def compare_with_authors(ens: Ensemble, data_dir: Path, authors_code: Path, coun
             f"{'==' if gen_pred == their['pred'] else '!='} {gen_pred!r}",
             flush=True,
         )
-    # as the runner decodes a task: examples in flight together (adafuse/engine.py); not interleaved
+    # as the runner decodes a task: examples in flight together (adafuse/engine/loop.py); not interleaved
     prompts = [few_shot + f"\n\nQuestion: {q}\nAnswer:" for q in questions]
     started = time.perf_counter()
     batched = ens.decode_batch(prompts, batch_size=8, **runs["adafuse_code"])
@@ -407,7 +407,7 @@ def compare_exact_batching(ens: Ensemble, data_dir: Path, task: str, limit: int)
     budget = {t: b for t, _, b in SUITE}[task]
     cases = task_requests(task, limit, data_dir, budget)
     # warm-up, not timed: the prompt store reads the task's few-shot prefix, and the row tiles
-    # (adafuse/invariance.py) probe the row counts that merged passes of 8 examples reach
+    # (adafuse/backend/invariance.py) probe the row counts that merged passes of 8 examples reach
     decode_suite(ens, [replace(r, max_new_tokens=4) for r in cases[:8]], "adafuse", {}, 8)
     runs = {"exact_batch_8": (8, True), "not_exact_batch_8": (8, False), "exact_batch_1": (1, True)}
     figures, texts = {}, {}
@@ -530,7 +530,7 @@ def compare_projection(ens: Ensemble, repeats: int) -> dict:
 
 def one_multiply_in_tiles(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """The canonical logits the blocked projection must give: one F.linear over the whole matrix, the rows
-    padded to the blocks' row tiles (adafuse/invariance.py), as tests/engine/test_projection.py checks."""
+    padded to the blocks' row tiles (adafuse/backend/invariance.py), as tests/engine/test_projection.py checks."""
     bias = None if head.bias is None else head.bias[:BLOCK_ROWS]
     padded = pad_to_tiles(backend_for(head.weight.device).probes, x, head.weight[:BLOCK_ROWS], bias)
     return F.linear(padded, head.weight, head.bias)[: x.shape[0]]

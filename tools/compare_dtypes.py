@@ -25,7 +25,7 @@ import torch
 
 from adafuse import AdaFuseConfig, Ensemble, Request, SingleConfig
 from adafuse.config import ModelConfig
-from adafuse.engine import drive
+from adafuse.engine.loop import drive
 from adafuse.ensemble import resolve_method
 from baselines.deepen import DeepenConfig
 from baselines.llm_blender import LLMBlenderConfig

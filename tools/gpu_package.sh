@@ -32,7 +32,7 @@ python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d "$PACKAGE/wheels" $(pinned "${WHEELS[@]}")
 python3 -m pip wheel --quiet --no-deps -w "$PACKAGE/wheels" $(pinned "${SDISTS[@]}")
-# The project itself: its entry points register the methods (adafuse/methods.py); the code run is the checkout's.
+# The project itself: its entry points register the methods (adafuse/methods/__init__.py); the code run is the checkout's.
 python3 -m pip wheel --quiet --no-deps -w "$PACKAGE/wheels" .
 # llama-models' and mistral-common's tokenizer files alone, where make_paper_pair.source() looks for them
 # (each checked against its pinned sha256 here, and again there), not the packages (13 MB).

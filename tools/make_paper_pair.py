@@ -525,7 +525,7 @@ def confident_share(tokenizer, model, prompts: list[str], steps: int = 24, tau: 
     import torch
     from transformers import DynamicCache
 
-    # transformers >= 5.24 names the argument `cache`; 5.23 `past_key_values` (as adafuse/model.py)
+    # transformers >= 5.24 names the argument `cache`; 5.23 `past_key_values` (as adafuse/member/member.py)
     cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     gen_eos = model.generation_config.eos_token_id
     eos = set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) | {tokenizer.eos_token_id}

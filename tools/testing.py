@@ -9,10 +9,10 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
-from adafuse.engine import drive
+from adafuse.engine.loop import drive
 from adafuse.ensemble import resolve_method
-from adafuse.model import Member
-from adafuse.session import Request
+from adafuse.member.member import Member
+from adafuse.methods.session import Request
 from adafuse.trace import Generation
 from conf.compose import compose_run
 from conf.schema import DataConf
@@ -138,7 +138,7 @@ class FakeAdded:
 
 
 class FakeTokenizer:
-    """Just what adafuse.tokens.vocabulary_bytes reads: get_vocab() and added_tokens_decoder."""
+    """Just what adafuse.text.tokens.vocabulary_bytes reads: get_vocab() and added_tokens_decoder."""
 
     def __init__(self, pieces: list[str], added: dict[int, str] | None = None):
         self.pieces = {p: i for i, p in enumerate(pieces)}

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from adafuse.engine import decode_many
+from adafuse.engine.loop import decode_many
 from adafuse.errors import ConfigError
-from adafuse.executor import Executor
+from adafuse.engine.executor import Executor
 from adafuse.methods import METHODS
-from adafuse.session import Request
+from adafuse.methods.session import Request
 from baselines.adafuse_code import AdaFuseCodeConfig
 from eval.paper_metrics import authors_pred
 from tools.paths import ROOT

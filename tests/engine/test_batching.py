@@ -1,4 +1,4 @@
-"""Batching across examples (adafuse/engine.py) changes no prediction: every example decoded with
+"""Batching across examples (adafuse/engine/loop.py) changes no prediction: every example decoded with
 others in flight equals the same example decoded alone.
 
 Whole decodes run on the paper's pair in shape (real Llama-3 and Mistral tokenizers, tiny random weights:
@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from adafuse import Ensemble, Job, Request, SingleConfig
-from adafuse.cache import PromptStore
+from adafuse.member.cache import PromptStore
 from adafuse.config import ModelConfig
-from adafuse.engine import decode_many, drive
+from adafuse.engine.loop import decode_many, drive
 from adafuse.ensemble import resolve_method
 from adafuse.errors import BatchMemoryError
-from adafuse.executor import Executor
-from adafuse.invariance import PREFIX
-from adafuse.merged_pass import forward_together
+from adafuse.engine.executor import Executor
+from adafuse.backend.invariance import PREFIX
+from adafuse.backend.split_pass import forward_together
 from adafuse.methods import METHODS
 from tools.paper_pair import NAMES
 from tools.testing import clone
@@ -111,7 +111,7 @@ def test_a_merged_pass_equals_separate_passes(tiny):
 
 
 def test_a_model_is_prepared_for_merging_when_its_member_is_made(paper_pair_dir):
-    """The backend wraps a model's attention once, when its first member is made (adafuse/backend.py), and a
+    """The backend wraps a model's attention once, when its first member is made (adafuse/backend/__init__.py), and a
     fresh model merges exactly."""
     fresh = Ensemble.from_config([ModelConfig(name=NAMES[0], path=str(paper_pair_dir / NAMES[0]))]).members[0]
     assert fresh.model.config._attn_implementation.startswith(PREFIX) and fresh.installed.splits_attention
@@ -219,7 +219,7 @@ def test_a_merged_pass_orders_its_rows_by_slot(smol):
 
 
 def test_an_example_s_members_ask_for_their_passes_in_the_same_step(tiny):
-    """AdaFuse's members propose and score together (adafuse/passes.py `together`): even one example alone
+    """AdaFuse's members propose and score together (adafuse/member/passes.py `together`): even one example alone
     in a batched run has both models' requests in one engine step, and its text is the unbatched one."""
     prompt = "Question: What is the capital of France?\nAnswer:"
     steps = []

@@ -1,4 +1,4 @@
-"""Threads side by side share the cores in their multiplies (adafuse/cores.py, a CPU device of the backend),
+"""Threads side by side share the cores in their multiplies (adafuse/backend/cpu/cores.py, a CPU device of the backend),
 and no bit changes."""
 
 import ctypes
@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adafuse import invariance
+from adafuse.backend import invariance
 from adafuse.backend import backend_for
-from adafuse.cores import CoreShare
-from adafuse.executor import Executor
+from adafuse.backend.cpu.cores import CoreShare
+from adafuse.engine.executor import Executor
 
 CORES = backend_for(torch.device("cpu")).cores
 PROBES = backend_for(torch.device("cpu")).probes

@@ -3,7 +3,7 @@
 import pytest
 
 from adafuse import SingleConfig
-from adafuse.words import REPLACEMENT
+from adafuse.text.words import REPLACEMENT
 from oracles.greedy import hf_greedy
 from tools.testing import decode, nq_prompt
 

@@ -1,5 +1,5 @@
 """Batch size never changes an output: a merged pass computes every request exactly as it would be
-computed alone (adafuse/invariance.py), bit for bit, in bfloat16 (the dtype the paper's configs load)
+computed alone (adafuse/backend/invariance.py), bit for bit, in bfloat16 (the dtype the paper's configs load)
 and float32, on the paper's pair in shape, with one multiply per linear layer whatever the number of
 requests (row tiles); and `single` at batch size 8 equals batch size 1 and transformers' own generate()."""
 
@@ -9,12 +9,12 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from adafuse import Ensemble, Request, SingleConfig
-from adafuse.cache import derive_cache
+from adafuse.member.cache import derive_cache
 from adafuse.config import ModelConfig
-from adafuse.engine import decode_many, drive
-from adafuse.executor import Executor
-from adafuse.invariance import _kernel_key, _probe_input, tile_rows, tiled_linear
-from adafuse.merged_pass import forward_together
+from adafuse.engine.loop import decode_many, drive
+from adafuse.engine.executor import Executor
+from adafuse.backend.invariance import _kernel_key, _probe_input, tile_rows, tiled_linear
+from adafuse.backend.split_pass import forward_together
 from adafuse.methods import METHODS
 from oracles.greedy import hf_greedy
 from tools.paper_pair import NAMES
@@ -68,7 +68,7 @@ def test_a_merged_pass_computes_every_request_as_alone_bit_for_bit(pair):
 
 
 def test_a_prompt_tail_read_in_a_merged_pass_gets_the_logits_and_cache_of_its_read_alone(pair):
-    """A step's last prompt shares the merged pass (adafuse/planner.py `plan_passes`): its tail, read after a
+    """A step's last prompt shares the merged pass (adafuse/engine/planner.py `plan_passes`): its tail, read after a
     stored prefix for the last position's logits alone, beside other examples' steps, is bit for bit its
     read alone, logits and cache, and the steps are their passes alone."""
     for member in pair.members:
@@ -119,7 +119,7 @@ def test_rows_of_unequal_length_in_a_merged_pass_get_the_logits_and_cache_of_the
 
 def _copy(cache):
     """A cache of its own over the same tensors (a forward pass replaces its layers' tensors)."""
-    from adafuse.cache import derive_cache
+    from adafuse.member.cache import derive_cache
 
     return derive_cache(cache, lambda t: t)
 

@@ -11,7 +11,7 @@ from filelock import FileLock
 from adafuse.config import ModelConfig, default_cache_dir
 from adafuse.ensemble import model_config
 from adafuse.errors import ConfigError, ModelFileError, UnknownNameError
-from adafuse.loading import converted_gguf_dir, gguf_parts, model_location
+from adafuse.loading.pretrained import converted_gguf_dir, gguf_parts, model_location
 
 
 def test_missing_gguf_file_names_the_path(tmp_path):
@@ -106,7 +106,7 @@ WAIT_FOR_CONVERSION = """
 import logging, sys
 from pathlib import Path
 from adafuse.ensemble import model_config
-from adafuse.loading import converted_gguf_dir
+from adafuse.loading.pretrained import converted_gguf_dir
 logging.basicConfig(level=logging.INFO)
 print(converted_gguf_dir(model_config("smollm2_135m"), Path(sys.argv[1])))
 """

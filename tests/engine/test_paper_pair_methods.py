@@ -3,14 +3,14 @@ weights): in float32 each agrees with its slow cache-free reference, and in bflo
 paper's configs load) each runs; no output holds a control token or bytes that are not text.
 
 Random weights make the members produce every kind of token, Llama 3's lone bytes included, which
-real models seldom do: that is what exercises the rule that text stays Unicode (adafuse/tokens.py)."""
+real models seldom do: that is what exercises the rule that text stays Unicode (adafuse/text/tokens.py)."""
 
 import pytest
 import torch
 
 from adafuse import AdaFuseConfig, Ensemble, SingleConfig
 from adafuse.config import ModelConfig
-from adafuse.words import REPLACEMENT
+from adafuse.text.words import REPLACEMENT
 from baselines.deepen import DeepenConfig
 from baselines.llm_blender import LLMBlenderConfig
 from baselines.sweetspan import SweetSpanConfig

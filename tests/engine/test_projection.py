@@ -1,4 +1,4 @@
-"""The blocked vocabulary projection (adafuse/projection.py) on the bundled models' real heads: the same
+"""The blocked vocabulary projection (adafuse/backend/cpu/projection.py) on the bundled models' real heads: the same
 bits as one F.linear over the whole matrix with the same (tile-padded) rows, for every number of rows a
 decoder gives it, inside a merged pass too; and only where blocks pay: float32 heads of a wide hidden
 size, on the CPU."""
@@ -10,18 +10,18 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from adafuse import projection
+from adafuse.backend.cpu import projection
 from adafuse.backend import backend_for
-from adafuse.invariance import pad_to_tiles
-from adafuse.model import Member
-from adafuse.projection import BLOCK_ROWS, MIN_HIDDEN, block_output_projection
+from adafuse.backend.invariance import pad_to_tiles
+from adafuse.member.member import Member
+from adafuse.backend.cpu.projection import BLOCK_ROWS, MIN_HIDDEN, block_output_projection
 
 PROBES = backend_for(torch.device("cpu")).probes
 
 
 class BlockCount:
     """Counts the multiplies by one block of a weight of `vocab` rows, and by the whole of it, on every thread
-    (a kept thread may take some of a multiply's blocks: adafuse/projection.py), and the threads of the blocks.
+    (a kept thread may take some of a multiply's blocks: adafuse/backend/cpu/projection.py), and the threads of the blocks.
     Blocks are multiplied in runs, one batched multiply each (`block_products`), or one F.linear each."""
 
     def __init__(self, vocab: int):
@@ -59,7 +59,7 @@ class BlockCount:
 @pytest.mark.parametrize("index", [0, 1], ids=["smollm2", "gemma3"])
 def test_the_blocked_projection_gives_the_bits_of_one_multiply(tiny, index):
     """For every number of rows, one included: the bits of one F.linear over the whole matrix with the
-    same rows, padded to the blocks' row tiles (adafuse/invariance.py), and blocks every time, shared
+    same rows, padded to the blocks' row tiles (adafuse/backend/invariance.py), and blocks every time, shared
     with a kept thread where a core is free."""
     head = tiny.members[index].model.get_output_embeddings()
     vocab, hidden = head.weight.shape
@@ -68,7 +68,7 @@ def test_the_blocked_projection_gives_the_bits_of_one_multiply(tiny, index):
     threads = set()  # the threads that multiplied blocks
     for shape in [(1, 1), (1, 2), (3, 1), (1, 5), (2, 4), (1, 33), (4, 32), (1, 129)]:
         x = torch.randn(*shape, hidden, generator=generator)
-        head(x)  # the first multiply of a row count probes its tiles (adafuse/invariance.py)
+        head(x)  # the first multiply of a row count probes its tiles (adafuse/backend/invariance.py)
         with BlockCount(vocab) as count:
             got = head(x)
         rows = shape[0] * shape[1]
@@ -113,7 +113,7 @@ def test_only_wide_float32_heads_are_blocked(dtype, hidden, blocked):
     block_output_projection(model, PROBES)
     assert ("forward" in vars(model.lm_head)) == blocked
     x = torch.randn(3, hidden, dtype=dtype, generator=torch.Generator().manual_seed(3))
-    model.lm_head(x)  # the first multiply of a row count probes its tiles (adafuse/invariance.py)
+    model.lm_head(x)  # the first multiply of a row count probes its tiles (adafuse/backend/invariance.py)
     with BlockCount(model.lm_head.out_features) as count:
         got = model.lm_head(x)
     assert (count.blocks, count.whole) == ((2, 0) if blocked else (0, 1))

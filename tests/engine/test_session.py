@@ -6,10 +6,10 @@ import threading
 import pytest
 import torch
 
-from adafuse.engine import drive
+from adafuse.engine.loop import drive
 from adafuse.ensemble import resolve_method
-from adafuse.executor import Executor
-from adafuse.session import Request, Session
+from adafuse.engine.executor import Executor
+from adafuse.methods.session import Request, Session
 
 
 def test_a_method_changes_the_session_only_through_its_methods(smol):
@@ -54,7 +54,7 @@ def test_a_solo_session_starts_from_nothing_on_the_same_request(tiny):
 
 def test_unbatched_members_read_in_the_same_step_and_their_passes_run_side_by_side(tiny, monkeypatch):
     """Unbatched, AdaFuse's members ask for their passes in the same engine step, and on the CPU the second
-    member's passes run on a thread of their own (adafuse/executor.py); the generation (text, ids, every
+    member's passes run on a thread of their own (adafuse/engine/executor.py); the generation (text, ids, every
     score of the trace) is the one of running every pass on the engine's thread."""
     prompt = "Question: What is the capital of France?\nAnswer:"
     threads = {m.name: set() for m in tiny.members}

@@ -26,7 +26,7 @@ def test_unite_equals_the_plain_reference(tiny, prompt, stop, budget):
 
 def test_the_union_holds_every_members_top_k_by_text_and_the_fused_values_average_them(tiny):
     members = tiny.members
-    from adafuse.session import Request, Session
+    from adafuse.methods.session import Request, Session
 
     Session(members, Request("Question: Which river flows through Vienna?\nAnswer:"), reserve=8)
     vocabs = [vocabulary_of(m) for m in members]

@@ -11,9 +11,9 @@ from lm_eval import simple_evaluate
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
-from adafuse.cache import PromptStore
+from adafuse.member.cache import PromptStore
 from adafuse.errors import ConfigError, ContextLengthError
-from adafuse.scoring import loglikelihood
+from adafuse.methods.scoring import loglikelihood
 from conf.compose import compose_run
 from eval.lm_harness import AdaFuseLM
 from eval.lm_tasks import write_tasks
@@ -107,7 +107,7 @@ def test_single_scores_choices_as_lm_evals_hf_model(task_dir):
     from lm_eval.models.huggingface import HFLM
 
     from adafuse.ensemble import model_config
-    from adafuse.loading import model_location
+    from adafuse.loading.pretrained import model_location
 
     ours = choice_samples(harness(task_dir, ["arc_style"], "method=single,member=0"))
     hf = HFLM(pretrained=model_location(model_config("smollm2_135m")), dtype="float32", device="cpu", batch_size=4)

@@ -1,4 +1,4 @@
-"""The backend (adafuse/backend.py): it checks the installed transformers and a model for every feature the
+"""The backend (adafuse/backend/__init__.py): it checks the installed transformers and a model for every feature the
 engine relies on, naming what is missing, and installs itself on a model once."""
 
 import importlib
@@ -9,7 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, masking_utils, modeling_
 
 from adafuse.backend import Backend, backend_for, check_model, check_transformers
 from adafuse.errors import BackendError
-from adafuse.invariance import PREFIX
+from adafuse.backend.invariance import PREFIX
 
 
 def installed_transformers():

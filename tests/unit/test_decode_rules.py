@@ -5,13 +5,13 @@ import math
 import pytest
 import torch
 
-from adafuse.cache import common_prefix
+from adafuse.member.cache import common_prefix
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
-from adafuse.decode import margin
+from adafuse.methods.adafuse import margin
 from adafuse.errors import ConfigError, UnknownNameError
-from adafuse.pool import choose_winner
+from adafuse.methods.pool import choose_winner
 from adafuse.registry import Registry
-from adafuse.stopping import cut_at_stop, settled_cut, stop_strings
+from adafuse.methods.stopping import cut_at_stop, settled_cut, stop_strings
 
 
 def test_margin_is_top1_minus_top2_probability():

@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 import baselines.deepen_transfer as deepen_transfer
 from adafuse.errors import ConfigError
-from adafuse.tokens import vocabulary_bytes
+from adafuse.text.tokens import vocabulary_bytes
 from baselines.deepen import DeepenConfig
 from baselines.deepen_transfer import build_transfer, dense_transfer_rows, prepare, write_atomic
 from tools.testing import FakeTokenizer

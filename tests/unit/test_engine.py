@@ -1,11 +1,11 @@
-"""The engine loop (adafuse/engine.py) and `together` (adafuse/passes.py) on scripted programs: what each step
+"""The engine loop (adafuse/engine/loop.py) and `together` (adafuse/member/passes.py) on scripted programs: what each step
 asks the executor for, in which row order, what every program gets back, and how a run ends. No model: the
 executor here answers each request with its own name and counts its steps; tests/engine/ runs real ones."""
 
 import pytest
 
-from adafuse.engine import PLACES, Engine, decode_many, drive
-from adafuse.passes import together
+from adafuse.engine.loop import PLACES, Engine, decode_many, drive
+from adafuse.member.passes import together
 
 
 class Recording:

@@ -32,7 +32,13 @@ def relative(path) -> str:
     return str(path.relative_to(ROOT))
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "adafuse").glob("*.py")), ids=lambda p: p.name)
+def module_name(path) -> str:
+    """The dotted name a file is imported as (a package's __init__ as the package)."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@pytest.mark.parametrize("path", python_files("adafuse"), ids=relative)
 def test_the_engine_imports_no_layer_above_it(path):
     above = {"baselines", "eval", "serve", "conf", "scripts", "tools", "oracles", "tests", "run"}
     assert not {name for name in imported_modules(path) if name.split(".")[0] in above}
@@ -40,7 +46,7 @@ def test_the_engine_imports_no_layer_above_it(path):
 
 def test_no_engine_module_imports_one_that_imports_it_back():
     """The engine's imports, those inside functions and type-checking blocks included, form no cycle."""
-    modules = {f"adafuse.{path.stem}": path for path in (ROOT / "adafuse").glob("*.py") if path.stem != "__init__"}
+    modules = {module_name(path): path for path in python_files("adafuse")}
     graph = {name: {m for m in imported_modules(path) if m in modules} for name, path in modules.items()}
     state: dict[str, str] = {}
 

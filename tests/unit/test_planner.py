@@ -1,10 +1,10 @@
-"""The planner on plain data (adafuse/planner.py `plan_passes`): which waiting requests
+"""The planner on plain data (adafuse/engine/planner.py `plan_passes`): which waiting requests
 meet in which pass, in which order, and where memory splits a pass. No model is loaded."""
 
 import pytest
 
 from adafuse.errors import BatchMemoryError
-from adafuse.planner import PassPlan, RequestShape, pass_bytes, plan_passes
+from adafuse.engine.planner import PassPlan, RequestShape, pass_bytes, plan_passes
 
 KV_BYTES, VOCAB = 100, 10  # per token of cache; logit columns
 

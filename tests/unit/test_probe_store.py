@@ -1,4 +1,4 @@
-"""Kernel probe verdicts on disk (adafuse/probe_store.py, owned by adafuse/backend.py): a second process in the
+"""Kernel probe verdicts on disk (adafuse/backend/probe_store.py, owned by adafuse/backend/__init__.py): a second process in the
 same environment reads what the first probed and gets the same bits without probing; another environment, a
 damaged line, two verdicts for one key or a store that cannot be written each fall back to probing."""
 
@@ -11,13 +11,13 @@ import sys
 import pytest
 import torch
 
-from adafuse.probe_store import ProbeStore, Verdicts, store_path
+from adafuse.backend.probe_store import ProbeStore, Verdicts, store_path
 
-# One process multiplies rows of a fixed weight through the row tiles (adafuse/invariance.py), counting the
+# One process multiplies rows of a fixed weight through the row tiles (adafuse/backend/invariance.py), counting the
 # probe inputs it builds; with PROBE_FAILS set, building one raises, so every verdict must come from the store.
 MULTIPLY = """
 import json, os, sys, torch
-from adafuse import invariance
+from adafuse.backend import invariance
 from adafuse.backend import backend_for
 if os.environ.get("PROBE_FAILS"):
     def refuse(*args, **kwargs):
@@ -85,7 +85,7 @@ def test_unreadable_lines_and_conflicting_verdicts_are_probed_again(fresh_store,
     path.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"table": "one_call", "key": "' + "\n")
     probed = []
     table = Verdicts("one_call", ProbeStore.for_environment())
-    with caplog.at_level(logging.WARNING, logger="adafuse.probe_store"):
+    with caplog.at_level(logging.WARNING, logger="adafuse.backend.probe_store"):
         for key in (good, torn, twice):
             table.get_or_probe(key, lambda key=key: probed.append(key) or False)
     assert probed == [torn, twice]
@@ -96,7 +96,7 @@ def test_a_store_that_cannot_be_written_leaves_the_verdicts_to_the_process(tmp_p
     (tmp_path / "a_file").write_text("")
     monkeypatch.setenv("ADAFUSE_PROBE_STORE", str(tmp_path / "a_file" / "store"))  # a folder under a file
     table = Verdicts("one_call", ProbeStore.for_environment())
-    with caplog.at_level(logging.WARNING, logger="adafuse.probe_store"):
+    with caplog.at_level(logging.WARNING, logger="adafuse.backend.probe_store"):
         assert table.get_or_probe(("k",), lambda: True) is True
         assert table.get_or_probe(("j",), lambda: False) is False
     assert caplog.text.count("cannot be written") == 1

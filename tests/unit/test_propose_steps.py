@@ -1,4 +1,4 @@
-"""How `propose_all` (adafuse/decode.py) steps the models' proposals while a round may still end early
+"""How `propose_all` (adafuse/methods/adafuse.py) steps the models' proposals while a round may still end early
 (spec §5, "early finish"): together, one pass each per engine step, a settled model stepping on beside one
 that has not settled, never alone after it. The proposals are scripted (the texts their candidates have
 before each step, a `Settles` each, then the step's pass); tests/engine/test_reference_agreement.py checks
@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from adafuse import decode
-from adafuse.completion import Settles
-from adafuse.decode import RoundEnd, propose_all
+from adafuse.methods import adafuse as decode
+from adafuse.methods.completion import Settles
+from adafuse.methods.adafuse import RoundEnd, propose_all
 
 
 def scripted(steps: list[list[str]], final: list[str], name: str):

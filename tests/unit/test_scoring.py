@@ -1,9 +1,9 @@
-"""The rolling windows of adafuse/scoring.py: every id scored exactly once, each with as much context as
+"""The rolling windows of adafuse/methods/scoring.py: every id scored exactly once, each with as much context as
 the model's positions allow, the first after the prefix id alone."""
 
 import pytest
 
-from adafuse.scoring import rolling_windows
+from adafuse.methods.scoring import rolling_windows
 
 PREFIX = -1
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from adafuse.session import Session
+from adafuse.methods.session import Session
 
 ROOT = Path(__file__).resolve().parents[2]
-SESSION = ROOT / "adafuse" / "session.py"
+SESSION = ROOT / "adafuse" / "methods" / "session.py"
 # Where a tokenizer is held: a model's tokenisation wraps it, the Member shows it, loading makes it (the slow
 # references in oracles/, which check the Member against the tokenizer itself, are outside the scanned folders).
-TOKENIZER_HOLDERS = {"adafuse/tokenisation.py", "adafuse/model.py", "adafuse/loading.py"}
+TOKENIZER_HOLDERS = {"adafuse/text/tokenisation.py", "adafuse/member/member.py", "adafuse/loading/pretrained.py"}
 
 
 def python_files(*folders: str) -> list[Path]:

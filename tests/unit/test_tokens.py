@@ -1,4 +1,4 @@
-"""Token bytes and the rule that keeps generated text Unicode (adafuse/tokens.py), on small hand-made
+"""Token bytes and the rule that keeps generated text Unicode (adafuse/text/tokens.py), on small hand-made
 byte-level vocabularies; the bytes of real tokenizers, read back against their own decoding; and a
 vocabulary of no known type, for which the rule is off, said and recorded."""
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from adafuse import Ensemble
-from adafuse.model import Member
-from adafuse.tokens import TokenBytes, unfinished
+from adafuse.member.member import Member
+from adafuse.text.tokens import TokenBytes, unfinished
 from eval.runner import record_text_rules
 from tools.testing import FakeTokenizer
 
@@ -112,7 +112,7 @@ def wordpiece_member() -> Member:
 
 def test_a_vocabulary_of_no_known_type_turns_the_rule_off_with_one_warning_and_a_run_records_it(caplog):
     member = wordpiece_member()
-    with caplog.at_level(logging.WARNING, logger="adafuse.tokens"):
+    with caplog.at_level(logging.WARNING, logger="adafuse.text.tokens"):
         assert member.tokens.kind is None and member.tokens.kind is None  # built once for the tokenizer
     warned = [r.getMessage() for r in caplog.records if "UTF-8 rule is off" in r.getMessage()]
     assert len(warned) == 1 and "cannot tell the tokenizer type" in warned[0]

@@ -1,10 +1,10 @@
-"""Token bytes (adafuse/tokens.py) and vocabulary normalisation (baselines/vocab.py) on small hand-made
+"""Token bytes (adafuse/text/tokens.py) and vocabulary normalisation (baselines/vocab.py) on small hand-made
 vocabularies, and the shared weight checks."""
 
 import pytest
 
 from adafuse.errors import ConfigError
-from adafuse.tokens import BYTE_LEVEL, SENTENCEPIECE, byte_level_alphabet, detect_type, vocabulary_bytes
+from adafuse.text.tokens import BYTE_LEVEL, SENTENCEPIECE, byte_level_alphabet, detect_type, vocabulary_bytes
 from baselines.vocab import Vocabulary, check_weights, member_weights
 from tools.testing import FakeTokenizer
 

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from adafuse.words import ends_inside_char, is_word_complete
+from adafuse.text.words import ends_inside_char, is_word_complete
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """Kernel probe verdicts kept on disk, so that a process does not probe again what a process in the same
-environment has already probed (adafuse/invariance.py: row tiles, one-call and fewer-thread probes).
+environment has already probed (adafuse/backend/invariance.py: row tiles, one-call and fewer-thread probes).
 
 A verdict is a fact about the kernel libraries and the processor, not about any model's weights: whether a
 multiply of this shape, dtype, layout, row count and thread count sums in the same order as another. So it
@@ -34,7 +34,7 @@ ENV_PREFIXES = ("MKL_", "DNNL_", "ONEDNN_", "ATEN_CPU_", "CUBLAS", "NVIDIA_TF32"
 
 class ProbeStore:
     """The verdicts on disk for this process's environment (`store_path`), read on first use; a verdict this
-    process probes is appended. Owned by the backend that probes (adafuse/backend.py): one per process."""
+    process probes is appended. Owned by the backend that probes (adafuse/backend/__init__.py): one per process."""
 
     def __init__(self, path: Path | None):
         self.path = path  # None: the store is off

@@ -1,5 +1,5 @@
 """Text another model chose, as this model reads it after its context (spec §4): pure functions of a
-tokenisation, a context and the shared text, no forward pass (adafuse/model.py `Member.read` reads them).
+tokenisation, a context and the shared text, no forward pass (adafuse/member/member.py `Member.read` reads them).
 
 The rule: encode (prompt + generated text + the new text) and keep the longest common prefix with the
 context ids. Usually that is the whole context and the ids after it carry the new text. Where the boundary
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from adafuse.cache import common_prefix
-from adafuse.context import Context, Rows
-from adafuse.tokenisation import Tokenisation
-from adafuse.words import ends_inside_char
+from adafuse.member.cache import common_prefix
+from adafuse.member.context import Context, Rows
+from adafuse.text.tokenisation import Tokenisation
+from adafuse.text.words import ends_inside_char
 
 # The last word of a text (spec §2: whitespace, then non-whitespace), with any whitespace after it.
 _LAST_WORD = re.compile(r"\s*\S+\s*$")

@@ -8,7 +8,7 @@ dimension, so every logit keeps the bits of one multiply over the whole matrix w
 (tests/engine/test_projection.py checks it on both bundled models' heads); only the time changes
 (docs/speed.md, "The vocabulary projection on the CPU").
 
-Each block is multiplied in row tiles like every other linear layer (adafuse/invariance.py
+Each block is multiplied in row tiles like every other linear layer (adafuse/backend/invariance.py
 `tiled_linear`): the rows are padded to whole tiles once, and every block's multiply is probed as its own
 kernel. A blocked head is blocked for every number of rows, one included, so that a row's logits never
 depend on how many rows its pass had (blocks of a different shape would be another kernel). Blocks go
@@ -17,7 +17,7 @@ every block the bits of its own multiply: a loop over blocks in Python took and 
 every block, and the other model's pass, on a thread beside it, waited for it each time.
 
 MKL does not divide a multiply of a few rows between threads, so with a core to spare (a model decoding
-alone, or the other model's pass of the turn over: adafuse/cores.py) a kept thread takes blocks too, each
+alone, or the other model's pass of the turn over: adafuse/backend/cpu/cores.py) a kept thread takes blocks too, each
 thread on one MKL thread, where a probe shows that one thread gives a block its bits. Which thread
 multiplies a block never changes its bits.
 
@@ -25,7 +25,7 @@ Heads where blocks cost more than they save keep one multiply (docs/speed.md, th
 ones, whose CPU kernels were slower in blocks at every size measured, Gemma-3's real head included; and
 heads with a narrow inner dimension (under `MIN_HIDDEN`: the tests' tiny models), where each block is
 too little work to pay for its call. On any other device the layer is left alone: a GPU picks its
-kernels by shape, and the tiles of adafuse/invariance.py already fix that shape.
+kernels by shape, and the tiles of adafuse/backend/invariance.py already fix that shape.
 """
 
 import functools
@@ -34,8 +34,8 @@ import weakref
 
 import torch
 
-from adafuse.cores import Cores
-from adafuse.invariance import (
+from adafuse.backend.cpu.cores import Cores
+from adafuse.backend.invariance import (
     KernelProbes,
     batched_blocks_keep_bits,
     block_products,

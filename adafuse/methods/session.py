@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from adafuse.model import Member
-from adafuse.passes import together
-from adafuse.stopping import check_budget, cut_at_stop, settled_length, stop_strings
+from adafuse.member.member import Member
+from adafuse.member.passes import together
+from adafuse.methods.stopping import check_budget, cut_at_stop, settled_length, stop_strings
 from adafuse.trace import Generation, RoundTrace, Stats, Trace
 
 
@@ -197,7 +197,7 @@ class Session:
 
     def end_early(self, text: str) -> None:
         """End in a round that was not completed: every candidate it could have chosen cuts G to `text`
-        at a stop string (adafuse/decode.py `RoundEnd`). Nothing is committed, so each member's output
+        at a stop string (adafuse/methods/adafuse.py `RoundEnd`). Nothing is committed, so each member's output
         ids are those of the rounds before, and `rounds` counts only rounds with a winner."""
         self._text = text
         self.end("stop")

@@ -1,20 +1,20 @@
 """Greedy word completion (spec §2), for every method that builds text word by word: AdaFuse's proposals and
-branches (adafuse/decode.py), SweetSpan's spans (baselines/sweetspan.py).
+branches (adafuse/methods/adafuse.py), SweetSpan's spans (baselines/sweetspan.py).
 
 From a given first token, a row takes the argmax next token until its word is complete: its text holds a
 non-whitespace character and either ends with whitespace, or the next token (already computed) starts with
 whitespace or ends the sequence; that next token is not part of the word, and its distribution is the one
 the next word's confidence test reads. A word is cut at `max_tokens`, never inside a character: it runs on
 for up to `CHAR_SLACK` tokens to finish one, and is cut back to its last character boundary if it cannot.
-Every choice is the most probable token that keeps the word valid UTF-8 (adafuse/tokens.py).
+Every choice is the most probable token that keeps the word valid UTF-8 (adafuse/text/tokens.py).
 """
 
 from dataclasses import dataclass
 
 import torch
 
-from adafuse.context import Rows
-from adafuse.words import CHAR_SLACK, ends_inside_char, is_word_complete
+from adafuse.member.context import Rows
+from adafuse.text.words import CHAR_SLACK, ends_inside_char, is_word_complete
 
 
 @dataclass
@@ -29,7 +29,7 @@ class Word:
 
 @dataclass(frozen=True)
 class Settles:
-    """Yielded by `complete_words` before each step, where a round may end early (adafuse/decode.py
+    """Yielded by `complete_words` before each step, where a round may end early (adafuse/methods/adafuse.py
     `RoundEnd`): whether the text of every word still growing, and of the complete ones that end candidates,
     settles the round's ending there. Never a pass: the caller that asked for it consumes it."""
 
@@ -50,7 +50,7 @@ def complete_words(
     words, in row order. The rows are read as one batch, one token per step, until every row has a complete
     word. `before` holds the words already committed in this round (the context ends after them).
 
-    With `ending` (adafuse/decode.py `RoundEnd`), a `Settles` is yielded before each step: whether every row
+    With `ending` (adafuse/methods/adafuse.py `RoundEnd`), a `Settles` is yielded before each step: whether every row
     still growing has text that settles `ending`, and so do the rows already complete if their words end
     candidates (`last`). They change nothing in the steps: run on after any of them, the words are the ones
     it would make."""

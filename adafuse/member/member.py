@@ -1,8 +1,8 @@
 """The member: one causal LM as a decoder sees it, for one example: its weights and tokenisation (shared with
-every other example's clone of it) and its own context (adafuse/context.py).
+every other example's clone of it) and its own context (adafuse/member/context.py).
 
-Decoders (adafuse/decode.py, adafuse/greedy.py, baselines/) talk only to this API and never touch tensors
-inside a cache. The operations that read tokens are programs (adafuse/passes.py): they yield the forward
+Decoders (adafuse/methods/adafuse.py, adafuse/methods/greedy.py, baselines/) talk only to this API and never touch tensors
+inside a cache. The operations that read tokens are programs (adafuse/member/passes.py): they yield the forward
 pass they need and are run with `yield from`; the engine runs the passes.
 
 - `start(prompt, prefix=...)`: set the context to a prompt; its declared shared prefix (the few-shot
@@ -11,9 +11,9 @@ pass they need and are run with `yield from`; the engine runs the passes.
 - `fork(n)`: n rows that continue the committed context as one batch (branches, candidates to score).
 - `commit(rows, i, shared, text)`: make row i of a fork the committed context, without reading its tokens again.
 - `align(shared, text)`, `read(alignments)`, `append_text(shared, text)`: text that another model chose,
-  encoded in this model's context with the bounded cut-back of spec §4 (adafuse/align.py).
+  encoded in this model's context with the bounded cut-back of spec §4 (adafuse/text/align.py).
 
-`shared` is always the generated text G before the operation: the session keeps G (adafuse/session.py).
+`shared` is always the generated text G before the operation: the session keeps G (adafuse/methods/session.py).
 """
 
 import copy
@@ -25,14 +25,14 @@ from dataclasses import replace
 import torch
 from transformers import DynamicCache
 
-from adafuse.align import Alignment, Reading, align, last_word_start
+from adafuse.text.align import Alignment, Reading, align, last_word_start
 from adafuse.backend import backend_for
-from adafuse.cache import GrowingLayer, PromptStore, common_prefix, derive_cache
-from adafuse.context import Context, Rows
-from adafuse.invariance import live_positions, packed_logits
-from adafuse.passes import Forward, ReadPrompt
-from adafuse.tokenisation import Tokenisation
-from adafuse.tokens import TokenBytes
+from adafuse.member.cache import GrowingLayer, PromptStore, common_prefix, derive_cache
+from adafuse.member.context import Context, Rows
+from adafuse.backend.invariance import live_positions, packed_logits
+from adafuse.member.passes import Forward, ReadPrompt
+from adafuse.text.tokenisation import Tokenisation
+from adafuse.text.tokens import TokenBytes
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class Member:
     def __init__(self, name: str, tokenizer, model, chat_template: bool = False):
         self.name = name
         self.model = model
-        # row tiles, the split attention, the CPU's blocked head (adafuse/backend.py); once per model
+        # row tiles, the split attention, the CPU's blocked head (adafuse/backend/__init__.py); once per model
         self.backend = backend_for(model.device)
         self.installed = self.backend.install(model)
         generation_eos = getattr(model.generation_config, "eos_token_id", None)
@@ -78,7 +78,7 @@ class Member:
         self.forward_passes = 0
         self.tokens_fed = 0
 
-    # ---- the tokenisation (adafuse/tokenisation.py) ------------------------------------------------
+    # ---- the tokenisation (adafuse/text/tokenisation.py) ------------------------------------------------
 
     @property
     def tokenizer(self):
@@ -99,7 +99,7 @@ class Member:
 
     @property
     def tokens(self) -> TokenBytes:
-        """Every id's bytes, and which ids may extend a word (adafuse/tokens.py: text stays Unicode)."""
+        """Every id's bytes, and which ids may extend a word (adafuse/text/tokens.py: text stays Unicode)."""
         return self.tokenisation.tokens
 
     @property
@@ -149,7 +149,7 @@ class Member:
         """Log-probability of the most probable end-of-sequence id (spec §4)."""
         return max(logprobs[e].item() for e in self.eos_ids)
 
-    # ---- the context (adafuse/context.py) -----------------------------------------------------------
+    # ---- the context (adafuse/member/context.py) -----------------------------------------------------------
 
     @property
     def ids(self) -> list[int]:
@@ -244,7 +244,7 @@ class Member:
 
     @staticmethod
     def growing(cache: DynamicCache) -> DynamicCache:
-        """A prompt's cache as a context keeps it: layers that grow in place (adafuse/cache.py)."""
+        """A prompt's cache as a context keeps it: layers that grow in place (adafuse/member/cache.py)."""
         if all(isinstance(layer, GrowingLayer) for layer in cache.layers):
             return cache
         return derive_cache(cache, lambda t: t)  # read from an empty cache: the model's own layers
@@ -268,7 +268,7 @@ class Member:
     # ---- text that another model chose (spec §4) --------------------------------------------------
 
     def align(self, shared: str, text: str) -> Alignment:
-        """How this model reads `text` after its context, whose generated text is `shared` (adafuse/align.py)."""
+        """How this model reads `text` after its context, whose generated text is `shared` (adafuse/text/align.py)."""
         return align(self.tokenisation, self.context, shared, text)
 
     def read(self, alignments: list[Alignment]):
@@ -349,7 +349,7 @@ class Member:
         `last_only` computes the vocabulary projection for the last position alone (length 1): a
         1,400-token prompt would otherwise materialise 1.5 GB of logits with a 262k vocabulary.
         `lengths`: only the first lengths[i] positions of row i are computed by the linear layers, and
-        their logits are returned packed, (sum(lengths), vocab) (adafuse/invariance.py `live_positions`).
+        their logits are returned packed, (sum(lengths), vocab) (adafuse/backend/invariance.py `live_positions`).
         """
         kwargs = {self.cache_arg: cache}
         if last_only and self._can_keep_last:

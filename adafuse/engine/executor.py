@@ -1,15 +1,15 @@
-"""The executor: runs the forward passes of one engine step (adafuse/engine.py) and hands back each request's
-result. It decides nothing: `plan_passes` (adafuse/planner.py) says which requests share a pass.
+"""The executor: runs the forward passes of one engine step (adafuse/engine/loop.py) and hands back each request's
+result. It decides nothing: `plan_passes` (adafuse/engine/planner.py) says which requests share a pass.
 
 A pass is one of three kinds. "prompt": a prompt read by itself (its shared prefix from the prompt store or
 read first, then the rest after it: `Member.prompt_reading`). "alone": one request's pass
 (`Member.forward_alone`). "merged": the rows of several requests to the same weights in one forward pass
-(adafuse/merged_pass.py `forward_together`); exact (the default), every request's numbers are those of its
-pass alone (adafuse/invariance.py), and a prompt in it reads the rest after its shared prefix there.
+(adafuse/backend/split_pass.py `forward_together`); exact (the default), every request's numbers are those of its
+pass alone (adafuse/backend/invariance.py), and a prompt in it reads the rest after its shared prefix there.
 
-Each model's passes run in plan order. On the CPU (adafuse/backend.py `side_by_side`) different models' passes
+Each model's passes run in plan order. On the CPU (adafuse/backend/__init__.py `side_by_side`) different models' passes
 run side by side, one model on the engine's thread and each other on a kept thread, each on its share of the
-cores (adafuse/cores.py): one model's Python overlaps the other's multiplies. No pass reads what another
+cores (adafuse/backend/cpu/cores.py): one model's Python overlaps the other's multiplies. No pass reads what another
 model's pass writes, and a pass's bits never depend on which thread ran it. Elsewhere they run one after
 another on the engine's thread.
 """
@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from adafuse.cores import CoreShare
-from adafuse.merged_pass import Resident, forward_together
-from adafuse.passes import Forward, ReadPrompt
-from adafuse.planner import PassPlan, RequestShape, available_memory, plan_passes
+from adafuse.backend.cpu.cores import CoreShare
+from adafuse.backend.split_pass import Resident, forward_together
+from adafuse.member.passes import Forward, ReadPrompt
+from adafuse.engine.planner import PassPlan, RequestShape, available_memory, plan_passes
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Meeting:
     """How one model's requests from different examples meet. Each part of the layer is "merged" (one
     computation over every request's rows, not batch-invariant), "row_tiles" (linear layers: one multiply
     over every request's rows padded to fixed row tiles, bit-identical to each request alone:
-    adafuse/invariance.py), "per_request" (attention: inside the merged pass, each request's rows on
+    adafuse/backend/invariance.py), "per_request" (attention: inside the merged pass, each request's rows on
     their own) or "alone" (no merged passes: each request runs its own)."""
 
     attention: str
@@ -108,7 +108,7 @@ class Executor:
     """Runs each step's requests in the passes `plan_passes` plans, and counts them per model."""
 
     def __init__(self, memory_budget: int | None = None, exact: bool = True, side_by_side: bool = True):
-        self.exact = exact  # merged passes bitwise equal to each request alone (adafuse/invariance.py)
+        self.exact = exact  # merged passes bitwise equal to each request alone (adafuse/backend/invariance.py)
         # on the CPU, different models' passes of a step run on threads of their own; False: one model's after
         # the other's, each on every core (what a model's passes cost with nothing beside them; same outputs)
         self.side_by_side = side_by_side

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from adafuse.config import SingleConfig
 from adafuse.errors import ConfigError
 from adafuse.methods import Method
-from adafuse.session import Session
-from adafuse.words import ends_inside_char
+from adafuse.methods.session import Session
+from adafuse.text.words import ends_inside_char
 
 
 @dataclass

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from adafuse.cache import common_prefix
-from adafuse.context import Context
+from adafuse.member.cache import common_prefix
+from adafuse.member.context import Context
 from adafuse.errors import ContextLengthError
-from adafuse.model import Member
-from adafuse.session import through_last_blank_line
+from adafuse.member.member import Member
+from adafuse.methods.session import through_last_blank_line
 
 # Continuation positions read per forward pass: the log-softmax of a pass is (rows, positions, vocabulary)
 # floats, 1 GiB for 4 rows of 256 positions over Gemma's 262k vocabulary.

@@ -2,7 +2,7 @@
 
 Each entry returns the GGUF file as an ordered list of parts (one part when the wheel holds the
 whole file). The parts are hashed as one stream and concatenated only when the model is first
-converted (adafuse/loading.py), so a warm load never copies a byte.
+converted (adafuse/loading/pretrained.py), so a warm load never copies a byte.
 """
 
 import importlib

@@ -3,7 +3,7 @@ and where the last committed word starts; and forks of it read as one batch (`Ro
 
 Invariant: the cache holds exactly the KV of `ids`, and `logprobs` is the distribution after `ids` (float32
 log-softmax; the model's control tokens, spec §2, at -inf where `mask_control`). The generated text G is not
-here: the session keeps it (adafuse/session.py), and the operations that need it are handed it.
+here: the session keeps it (adafuse/methods/session.py), and the operations that need it are handed it.
 """
 
 from dataclasses import dataclass, field, replace
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from adafuse.cache import common_prefix, derive_cache
+from adafuse.member.cache import common_prefix, derive_cache
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Context:
 
     def snapshot(self) -> "Context":
         """This context as it is now, kept while the context goes on: its cache's own views of the positions
-        filled now, which later passes never write (they grow the cache past them, adafuse/cache.py)."""
+        filled now, which later passes never write (they grow the cache past them, adafuse/member/cache.py)."""
         return replace(self, cache=derive_cache(self.cache, lambda t: t))
 
     def forked_cache(self, n: int, upto: int) -> DynamicCache:
@@ -62,7 +62,7 @@ class Rows:
     """
 
     def __init__(self, member: Any, prefix: list[int], cache: DynamicCache, n: int, last: torch.Tensor | None):
-        self.member = member  # adafuse.model.Member: whose weights read the rows
+        self.member = member  # adafuse.member.member.Member: whose weights read the rows
         self.prefix = prefix
         self.cache = cache
         self.tokens: list[list[int]] = [[] for _ in range(n)]
@@ -119,7 +119,7 @@ class Rows:
 class Steps:
     """The log-probabilities one `Rows.extend` computed: `steps[i, j]` is the distribution after the j-th id
     row i read (j < the ids it read; a slice of j gives several, a slice of i stacks rows). The padding
-    after a row's ids is never computed (adafuse/invariance.py `live_positions`): nothing to index there."""
+    after a row's ids is never computed (adafuse/backend/invariance.py `live_positions`): nothing to index there."""
 
     def __init__(self, packed: torch.Tensor, lengths: list[int]):
         self.packed = packed  # (sum(lengths), vocab), row after row

@@ -1,6 +1,6 @@
 """The backend: everything the engine changes in torch and transformers, in one object per device type.
 
-The engine keeps a row's bits independent of its batch (adafuse/invariance.py) by changing a model in a few
+The engine keeps a row's bits independent of its batch (adafuse/backend/invariance.py) by changing a model in a few
 places, and it reaches into transformers and torch to do so. All of it is installed here, once per model
 (`Backend.install`), after `check_transformers` has checked, once per process, the transformers version and
 every feature the engine relies on, so that a transformers release that moves one fails at start with an
@@ -9,17 +9,17 @@ error that names it (`BackendError`), not in the middle of a run:
 - every linear layer multiplies in row tiles (`tile_linear_layers`);
 - the model's attention implementation is wrapped so that a merged pass can run it per request
   (`split_attention`: transformers' attention and mask registries);
-- the cache layers are transformers' `DynamicLayer`s grown in place (adafuse/cache.py) and split per request
-  (adafuse/invariance.py `SplitLayer`);
-- on the CPU only: the vocabulary projection multiplies in blocks (adafuse/projection.py), MKL's per-thread
-  thread count is looked up in libtorch (adafuse/cores.py), and different models' passes of one engine step
-  run side by side on threads of their own, each on its share of the cores (adafuse/executor.py). On a GPU
+- the cache layers are transformers' `DynamicLayer`s grown in place (adafuse/member/cache.py) and split per request
+  (adafuse/backend/invariance.py `SplitLayer`);
+- on the CPU only: the vocabulary projection multiplies in blocks (adafuse/backend/cpu/projection.py), MKL's per-thread
+  thread count is looked up in libtorch (adafuse/backend/cpu/cores.py), and different models' passes of one engine step
+  run side by side on threads of their own, each on its share of the cores (adafuse/engine/executor.py). On a GPU
   these are off: its kernels are launched from the engine's one thread, and a GPU picks its kernels by shape,
   which the row tiles already fix;
 - loading a GGUF reads its file once (`shared_gguf_reader`).
 
 The probes' verdicts (row tiles, one-call and fewer-thread checks) live in the backend's `probes`, backed by
-a probe store on disk for this environment (adafuse/probe_store.py).
+a probe store on disk for this environment (adafuse/backend/probe_store.py).
 """
 
 import contextlib
@@ -31,11 +31,11 @@ from dataclasses import dataclass
 import torch
 from packaging.version import Version
 
-from adafuse.cores import Cores
+from adafuse.backend.cpu.cores import Cores
 from adafuse.errors import BackendError
-from adafuse.invariance import KernelProbes, split_attention, tile_linear_layers
-from adafuse.probe_store import ProbeStore
-from adafuse.projection import block_output_projection
+from adafuse.backend.invariance import KernelProbes, split_attention, tile_linear_layers
+from adafuse.backend.probe_store import ProbeStore
+from adafuse.backend.cpu.projection import block_output_projection
 
 MIN_TRANSFORMERS = "5.23"  # older versions mis-tokenise the Gemma 3 GGUF or drop its <bos> (pyproject.toml)
 

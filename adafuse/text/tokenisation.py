@@ -1,10 +1,10 @@
 """One model's tokenisation: its tokenizer and everything the decoders derive from it, made once per model
 and shared by every example that decodes with it.
 
-The word rule reads decoded text, always in context (adafuse/words.py `Detokenizer`); text another model
+The word rule reads decoded text, always in context (adafuse/text/words.py `Detokenizer`); text another model
 chose is encoded as text, never as a control token (`encode_text`, spec §2); each token's bytes keep the
-shared text Unicode (adafuse/tokens.py); a model's end-of-sequence ids and control tokens (spec §2, §4)
-come from its tokenizer and generation config. Only this module and adafuse/loading.py hold a tokenizer.
+shared text Unicode (adafuse/text/tokens.py); a model's end-of-sequence ids and control tokens (spec §2, §4)
+come from its tokenizer and generation config. Only this module and adafuse/loading/pretrained.py hold a tokenizer.
 """
 
 import functools
@@ -12,8 +12,8 @@ import functools
 import torch
 
 from adafuse.errors import ConfigError, ContextLengthError, DataError
-from adafuse.tokens import TokenBytes, vocabulary_bytes
-from adafuse.words import Detokenizer
+from adafuse.text.tokens import TokenBytes, vocabulary_bytes
+from adafuse.text.words import Detokenizer
 
 
 class Tokenisation:
@@ -57,11 +57,11 @@ class Tokenisation:
 
     @functools.cached_property
     def tokens(self) -> TokenBytes:
-        """Every id's bytes, and which ids may extend a word (adafuse/tokens.py: text stays Unicode)."""
+        """Every id's bytes, and which ids may extend a word (adafuse/text/tokens.py: text stays Unicode)."""
         return TokenBytes(self.tokenizer, self.vocab_size)
 
     def vocabulary_bytes(self) -> tuple[str, list[bytes | None]]:
-        """(type, each id's bytes), one per logit column (adafuse/tokens.py `vocabulary_bytes`)."""
+        """(type, each id's bytes), one per logit column (adafuse/text/tokens.py `vocabulary_bytes`)."""
         return vocabulary_bytes(self.tokenizer, self.vocab_size)
 
     def render(self, prompt: str) -> str:

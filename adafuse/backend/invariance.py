@@ -1,7 +1,7 @@
 """Batch-invariant merged passes: every request of a merged forward pass computed exactly as it would
 be alone, so that batch_size never changes an output (docs/speed.md, "Exact batching").
 
-A merged pass (adafuse/merged_pass.py `forward_together`) stacks requests with caches of different
+A merged pass (adafuse/backend/split_pass.py `forward_together`) stacks requests with caches of different
 lengths and inputs of different widths (right padding). Two things made a row's numbers depend on
 its batch (measured on this project's CPU; docs/speed.md says what holds on a GPU):
 
@@ -14,7 +14,7 @@ its batch (measured on this project's CPU; docs/speed.md says what holds on a GP
 
 So:
 1. a merged pass (`split_pass`) runs as one packed row of every request's real positions, no padding
-   between them (adafuse/merged_pass.py), and attention runs once per request: its positions are laid
+   between them (adafuse/backend/split_pass.py), and attention runs once per request: its positions are laid
    out again as its pass alone lays them out (`unpack`: its rows and width, zeros at its own right
    padding, where the linear layers of a pass alone leave zeros), attend to the keys and values of its
    own cache, which grows exactly as in its pass alone (`split_cache`: no merged cache is built), with
@@ -29,7 +29,7 @@ So:
    multiplied in one call, which is what a merged pass costs without exactness; otherwise tile by tile.
    The tile size is probed once per device, dtype, weight shape and thread count (`tile_rows`); on
    this CPU it is 4 rows in float32 (MKL's kernel for 4 or more rows, with no row-count-dependent
-   split) and 1 or 2 in bfloat16. A thread that shares the cores with another (adafuse/cores.py)
+   split) and 1 or 2 in bfloat16. A thread that shares the cores with another (adafuse/backend/cpu/cores.py)
    multiplies on fewer MKL threads only where a probe shows the same bits (`linear`).
 
 The tiles change the canonical computation itself: a pass of one row is multiplied as a tile of
@@ -64,8 +64,8 @@ from transformers.masking_utils import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from adafuse.cores import Cores
-from adafuse.probe_store import ProbeStore, Verdicts
+from adafuse.backend.cpu.cores import Cores
+from adafuse.backend.probe_store import ProbeStore, Verdicts
 
 PREFIX = "adafuse-split-"  # the wrapped attention implementation's name: PREFIX + the original's
 TILE_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # row tiles tried, fewest first (a GPU may need large ones)
@@ -198,7 +198,7 @@ def split_cache(caches: list[DynamicCache], spans: list[Span], longest: int) -> 
 
 
 # transformers >= 5.24 names the mask functions' cache argument `cache`, 5.23 `past_key_values`
-# (adafuse/backend.py checks that one of them is there)
+# (adafuse/backend/__init__.py checks that one of them is there)
 _MASK_CACHE_ARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 
@@ -245,9 +245,9 @@ def _cache_of_length(length: int, device) -> DynamicCache:
 
 
 class KernelProbes:
-    """The verdicts of this module's probes, one table each, backed by a probe store (adafuse/probe_store.py),
-    and the CPU cores a multiply may share (adafuse/cores.py; None off the CPU). The backend owns one per
-    process and device type (adafuse/backend.py); every wrapped layer reads it."""
+    """The verdicts of this module's probes, one table each, backed by a probe store (adafuse/backend/probe_store.py),
+    and the CPU cores a multiply may share (adafuse/backend/cpu/cores.py; None off the CPU). The backend owns one per
+    process and device type (adafuse/backend/__init__.py); every wrapped layer reads it."""
 
     def __init__(self, store: ProbeStore, cores: Cores | None):
         self.tile_rows = Verdicts("tile_rows", store)  # kernel key -> the rows of its tile
@@ -266,7 +266,7 @@ class KernelProbes:
 
 def tile_linear_layers(model, probes: KernelProbes) -> None:
     """Make every linear layer of the model multiply in row tiles (`tiled_linear`), alone and merged
-    alike (idempotent). The output embeddings, if blocked (adafuse/projection.py), tile each block.
+    alike (idempotent). The output embeddings, if blocked (adafuse/backend/cpu/projection.py), tile each block.
     A model whose weights are not materialised (the meta device) is left alone: nothing to probe."""
     for module in model.modules():
         if not isinstance(module, torch.nn.Linear) or module.weight.device.type == "meta":
@@ -350,7 +350,7 @@ def linear(probes: KernelProbes, x: torch.Tensor, weight: torch.Tensor, bias: to
 
 def linear_threads(probes: KernelProbes, weight: torch.Tensor, bias: torch.Tensor | None, rows: int) -> int | None:
     """The MKL threads a multiply of `rows` rows runs on: the calling thread's share of the cores
-    (adafuse/cores.py), where a probe shows that the fewer threads give the same bits
+    (adafuse/backend/cpu/cores.py), where a probe shows that the fewer threads give the same bits
     (`fewer_threads_keep_bits`); else None, all of them."""
     if probes.cores is None or weight.device.type != "cpu" or weight.dtype not in _MKL_DTYPES:
         return None
@@ -558,7 +558,7 @@ def only_live(x: torch.Tensor, features: int, multiply, pack: bool = False) -> t
     logits of the live positions (of a row's last alone where `live_positions` was asked so) in row order,
     so that no logits are ever made for padding or for positions no one reads (`packed_logits` reads them).
     A row's bits are the same either way: every multiply computes a row as in its tile, whatever the others
-    (`tiled_linear`, adafuse/projection.py)."""
+    (`tiled_linear`, adafuse/backend/cpu/projection.py)."""
     live = _LIVE.get()
     flat = x.reshape(-1, x.shape[-1])
     if live is None or tuple(x.shape[:-1]) != live.shape:

@@ -2,8 +2,8 @@
 
 A method is per-example code in the order of its paper, written as a generator: where it needs a forward
 pass it yields a request and receives the pass's result, `logits = yield Forward(...)`; helpers pass them on
-with `yield from`. It never runs a model itself. The engine (adafuse/engine.py) collects what every example
-in flight waits on, plans the passes, runs them (adafuse/executor.py) and hands each example its results.
+with `yield from`. It never runs a model itself. The engine (adafuse/engine/loop.py) collects what every example
+in flight waits on, plans the passes, runs them (adafuse/engine/executor.py) and hands each example its results.
 
 A program may yield one request or a list of them; a list is answered with the list of their results, in
 order. "Both models at once" is one list: `together` runs several programs in lockstep, so that an example's
@@ -27,7 +27,7 @@ class Forward:
     computed) packed, (sum(lengths), vocab); with `last_only`, the last position's alone. With `logprobs`,
     the member's log-softmax of them (its control tokens masked where its context masks them)."""
 
-    member: Any  # adafuse.model.Member
+    member: Any  # adafuse.member.member.Member
     cache: Any  # transformers' DynamicCache
     input_ids: torch.Tensor
     last_only: bool = False
@@ -42,7 +42,7 @@ class Forward:
 @dataclass(eq=False)
 class ReadPrompt:
     """Read a prompt's `ids` from nothing with `member`'s weights, its first `shared` ids (its declared shared
-    prefix) as a stored prefix (adafuse/model.py `Member.prompt_reading`): the cache that then holds all of
+    prefix) as a stored prefix (adafuse/member/member.py `Member.prompt_reading`): the cache that then holds all of
     them, and the last position's logits, (1, 1, vocab)."""
 
     member: Any

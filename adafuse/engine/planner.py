@@ -1,5 +1,5 @@
 """The planner: which forward passes run a step's waiting requests, as plain data in and plain data out
-(vLLM's scheduler hands its executor a plan the same way; adafuse/executor.py runs it).
+(vLLM's scheduler hands its executor a plan the same way; adafuse/engine/executor.py runs it).
 
 A request is described by its `RequestShape` (no model, no tensor): the example's slot, the weights it runs
 on, whether it is a prompt to read, its rows, its cache length and width. `plan_passes` groups the requests

@@ -17,7 +17,7 @@ import torch
 from filelock import FileLock
 
 from adafuse.backend import shared_gguf_reader
-from adafuse.bundled import BUNDLES
+from adafuse.loading.bundled import BUNDLES
 from adafuse.config import ModelConfig, default_cache_dir
 from adafuse.errors import ConfigError, ModelFileError
 

@@ -1,4 +1,4 @@
-"""KV-cache mechanics under a member's context (adafuse/context.py): caches derived as views that grow in
+"""KV-cache mechanics under a member's context (adafuse/member/context.py): caches derived as views that grow in
 place, and the shared prompt prefixes a member's clones read once (`PromptStore`).
 """
 

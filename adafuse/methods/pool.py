@@ -1,10 +1,10 @@
 """A pool of candidate texts, scored by every member and committed (spec §4), for every method that picks
-among the members' proposals: AdaFuse (adafuse/decode.py) and SweetSpan (baselines/sweetspan.py).
+among the members' proposals: AdaFuse (adafuse/methods/adafuse.py) and SweetSpan (baselines/sweetspan.py).
 
 - `build_pool`: the union of the members' proposals keyed by (text, eos), in first-insertion order.
 - `score_pool`: every member scores every candidate by its mean token NLL, in its own tokenisation: its own
   generated ids for a candidate it proposed, otherwise the candidate as its tokenizer encodes it in context
-  (adafuse/align.py), all of a member's foreign candidates in one batched pass, every member in the same
+  (adafuse/text/align.py), all of a member's foreign candidates in one batched pass, every member in the same
   engine step. An eos candidate adds the member's most probable eos id.
 - `commit`: every member takes the winner from the row that proposed or scored it (nothing is read again),
   and the shared text grows by it.
@@ -13,10 +13,10 @@ among the members' proposals: AdaFuse (adafuse/decode.py) and SweetSpan (baselin
 import math
 from dataclasses import dataclass, field
 
-from adafuse.completion import Word
-from adafuse.context import Rows
+from adafuse.methods.completion import Word
+from adafuse.member.context import Rows
 from adafuse.errors import NumericsError
-from adafuse.passes import together
+from adafuse.member.passes import together
 from adafuse.trace import Score
 
 

@@ -1,8 +1,8 @@
-"""The engine loop: every example in flight is a program (adafuse/passes.py) suspended at the passes it waits
+"""The engine loop: every example in flight is a program (adafuse/member/passes.py) suspended at the passes it waits
 on; one step plans and runs them all, then advances each example. One thread, no locks, deterministic.
 
-As vLLM's `EngineCore.step()`: the planner (adafuse/planner.py) turns what every example waits on into passes,
-the executor (adafuse/executor.py) runs them, and each example gets its results and runs on to its next
+As vLLM's `EngineCore.step()`: the planner (adafuse/engine/planner.py) turns what every example waits on into passes,
+the executor (adafuse/engine/executor.py) runs them, and each example gets its results and runs on to its next
 request, or finishes. A method stays per-example code in the order of its paper; batching across examples
 needs nothing from it.
 
@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from adafuse.executor import Executor
-from adafuse.passes import Program
+from adafuse.engine.executor import Executor
+from adafuse.member.passes import Program
 
 DEFAULT_BATCH_SIZE = 8  # examples in flight; the runner's and the Python API's default (docs/speed.md)
 # A request's place in row order: slot * PLACES + its index among its example's requests of the step.

@@ -1,9 +1,9 @@
 """The merged pass: one forward pass over the rows of several examples' requests to the same weights
-(adafuse/planner.py decides which requests meet; this module lays out and runs their pass).
+(adafuse/engine/planner.py decides which requests meet; this module lays out and runs their pass).
 
 Position ids are each row's own, so every row sees exactly its own context. Exact (the default), the
 pass is one packed row of every request's real positions, and attention runs per request over the
-request's own cache (a split pass, adafuse/invariance.py); no merged cache is built and no padding is
+request's own cache (a split pass, adafuse/backend/invariance.py); no merged cache is built and no padding is
 computed. Not exact, inputs are right-padded and caches left-padded to the longest under one attention
 mask: that merged cache is a buffer with room to grow (`ReservedLayer`) that a pass writes in place, and
 a greedy step's merged cache may serve the next pass as it is (`Resident`).
@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from adafuse.invariance import (
+from adafuse.backend.invariance import (
     Span,
     live_index,
     live_positions,
@@ -98,18 +98,18 @@ def forward_together(
     own (L_j, L_j + 1, ...). Afterwards each request's cache holds its own rows and new tokens, as if it
     had been read alone.
 
-    `exact`: every request's numbers are bitwise those of its pass alone (adafuse/invariance.py). The
+    `exact`: every request's numbers are bitwise those of its pass alone (adafuse/backend/invariance.py). The
     pass is one packed row of every request's real positions (`_split_pass`); the linear layers multiply
     them all at once, in row tiles that make each row's bits independent of the others; attention runs per
     request over the request's own cache, which grows as alone (no merged cache is built); a model whose
-    attention cannot be split is refused (adafuse/backend.py `Installed.splits_attention`). Otherwise inputs
+    attention cannot be split is refused (adafuse/backend/__init__.py `Installed.splits_attention`). Otherwise inputs
     are right-padded to the widest, the caches are left-padded to the longest and stacked, an attention mask
     hides the padding (left padding shifts a row's keys and queries alike, so a sliding window keeps its true
     extent), and results equal the alone pass's up to rounding; `may_stay` (every request is a model's committed
     context) lets that merged cache serve the next pass.
 
     `real[j]`: request j's real ids per row (None: all of its width). Only those positions are computed
-    (packed, or by the linear layers of a padded pass: adafuse/invariance.py `live_positions`), and
+    (packed, or by the linear layers of a padded pass: adafuse/backend/invariance.py `live_positions`), and
     request j's logits are then packed, (sum(real[j]), vocab) (`Member.forward_alone`); a request without
     `real` gets (rows, width, vocab) as alone. `last_only[j]`: request j reads its ids for the distribution
     after them alone (a prompt's tail): the vocabulary projection makes only its last position's logits, and
@@ -141,7 +141,7 @@ def forward_together(
 def _split_pass(member, caches, inputs, lengths, live, last) -> torch.Tensor:
     """The exact pass: one packed row of every request's live positions, request after request, row after row
     (no padding reaches a norm, an activation or a multiply), each attending per request as alone
-    (adafuse/invariance.py `split_pass`). Its logits, (positions read, vocab): every live position's, or a
+    (adafuse/backend/invariance.py `split_pass`). Its logits, (positions read, vocab): every live position's, or a
     row's last alone where `last` asks."""
     device = member.device
     spans, ids, positions, read, row, start = [], [], [], [], 0, 0

@@ -1,15 +1,15 @@
-"""The CPU's cores, shared by threads that multiply side by side (a CPU-only device of adafuse/backend.py).
+"""The CPU's cores, shared by threads that multiply side by side (a CPU-only device of adafuse/backend/__init__.py).
 
 On the CPU the engine runs different models' passes of one step on threads of their own, side by side
-(adafuse/executor.py), and the blocked vocabulary projection lets a kept thread take blocks while a core is
-free (adafuse/projection.py). Left alone, each pass's multiplies ask MKL for every core, so two passes at once
+(adafuse/engine/executor.py), and the blocked vocabulary projection lets a kept thread take blocks while a core is
+free (adafuse/backend/cpu/projection.py). Left alone, each pass's multiplies ask MKL for every core, so two passes at once
 run twice as many compute threads as there are cores, and each thread spends much of its time waiting for a
 core the other holds. Inside `CoreShare.joined`, a thread's multiplies use its share of the cores: the torch
 thread count divided by the threads of the share still running, so one each while two run, and all of them
 for the last one left.
 
 Only MKL's count changes, per thread (`MKL_Set_Num_Threads_Local`), and only where it keeps the bits:
-adafuse/invariance.py runs a multiply with fewer threads only where a probe (once per kernel, row count and
+adafuse/backend/invariance.py runs a multiply with fewer threads only where a probe (once per kernel, row count and
 thread count) shows that it gives the bits it gets with all of them. Attention and the other OpenMP kernels
 keep their thread count: the one-query path of attention splits its work by threads, and its bits change
 with them. Where MKL's per-thread count cannot be set (a build without MKL), nothing changes.

@@ -23,17 +23,17 @@ import math
 
 import torch
 
-from adafuse.completion import Settles, Word, complete_words, cut_to_char
+from adafuse.methods.completion import Settles, Word, complete_words, cut_to_char
 from adafuse.config import AdaFuseConfig
-from adafuse.context import Rows
+from adafuse.member.context import Rows
 from adafuse.errors import NumericsError
 from adafuse.methods import Method
-from adafuse.passes import together
-from adafuse.pool import Candidate, Proposal, build_pool, choose_winner, commit, score_pool
-from adafuse.session import Session
-from adafuse.stopping import settled_cut
+from adafuse.member.passes import together
+from adafuse.methods.pool import Candidate, Proposal, build_pool, choose_winner, commit, score_pool
+from adafuse.methods.session import Session
+from adafuse.methods.stopping import settled_cut
 from adafuse.trace import CandidateTrace, ModelRound, RoundTrace
-from adafuse.words import CHAR_SLACK, ends_inside_char, is_word_complete
+from adafuse.text.words import CHAR_SLACK, ends_inside_char, is_word_complete
 
 
 def decode(s: Session, cfg: AdaFuseConfig, early_finish: bool = True):
@@ -65,7 +65,7 @@ class RoundEnd:
     ends as `target`.
 
     Candidates report as soon as their text settles the cut (`stopping.settled_cut`): before each step of a
-    word's completion (adafuse/completion.py `complete_words`), a model's proposal says whether it settles
+    word's completion (adafuse/methods/completion.py `complete_words`), a model's proposal says whether it settles
     (a `Settles`, read by `propose_all`).
     One candidate that ends without a stop, or at another point, makes the round run in full: the
     proposals then end exactly as they would have without the early finish.
