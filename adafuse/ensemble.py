@@ -14,13 +14,13 @@ import torch
 import yaml
 
 from adafuse.config import ModelConfig
+from adafuse.engine.executor import Executor
 from adafuse.engine.loop import DEFAULT_BATCH_SIZE, Engine, decode_many, drive
 from adafuse.errors import ConfigError, UnknownNameError
-from adafuse.engine.executor import Executor
 from adafuse.loading.pretrained import load_pretrained, placement
-from adafuse.methods import METHODS, Method
 from adafuse.member.member import Member
 from adafuse.member.passes import Program
+from adafuse.methods import METHODS, Method
 from adafuse.methods.scoring import Likelihood, loglikelihood, loglikelihood_rolling
 from adafuse.methods.session import Request
 from adafuse.trace import Generation

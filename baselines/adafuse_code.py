@@ -83,12 +83,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from adafuse.errors import ConfigError
 from adafuse.member.cache import common_prefix
 from adafuse.member.context import Rows
-from adafuse.errors import ConfigError
-from adafuse.methods import Method
 from adafuse.member.member import Member
 from adafuse.member.passes import together
+from adafuse.methods import Method
 from adafuse.methods.session import Session
 from baselines.authors_rules import appended_text, loop_pred
 

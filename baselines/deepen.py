@@ -51,8 +51,8 @@ from typing import Any
 import torch
 
 from adafuse.errors import ConfigError
-from adafuse.methods import Method
 from adafuse.member.passes import together
+from adafuse.methods import Method
 from adafuse.methods.session import Session
 from adafuse.text.tokens import SENTENCEPIECE
 from adafuse.text.words import CHAR_SLACK, ends_inside_char

@@ -25,13 +25,12 @@ scoring (every ranker would tie them, and ties go to the lower index).
 import math
 from dataclasses import dataclass, field
 
-from adafuse.methods import greedy
 from adafuse.config import SingleConfig
-from adafuse.member.context import Context
 from adafuse.errors import NumericsError, UnknownNameError
-from adafuse.methods import Method
+from adafuse.member.context import Context
 from adafuse.member.member import Member
 from adafuse.member.passes import together
+from adafuse.methods import Method, greedy
 from adafuse.methods.session import Session
 from adafuse.trace import Score
 from baselines.pairrm import check_pairrm_path, pairrm

@@ -52,15 +52,15 @@ Choices where the notes leave one open or where the upstream description is wron
 import math
 from dataclasses import dataclass
 
-from adafuse.methods.completion import complete_words
 from adafuse.errors import ConfigError, UnknownNameError
-from adafuse.methods import Method
 from adafuse.member.passes import together
+from adafuse.methods import Method
+from adafuse.methods.completion import complete_words
 from adafuse.methods.pool import Proposal, build_pool, choose_winner, commit, score_pool
 from adafuse.methods.session import Session
 from adafuse.methods.stopping import cut_at_stop
-from adafuse.trace import Score
 from adafuse.text.words import CHAR_SLACK
+from adafuse.trace import Score
 
 SCORES = ("nll", "perplexity")
 

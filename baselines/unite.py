@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import torch
 
 from adafuse.errors import ConfigError
-from adafuse.methods import Method
 from adafuse.member.passes import together
+from adafuse.methods import Method
 from adafuse.methods.session import Session
 from baselines.vocab import Vocabulary, check_weights, member_weights, vocabulary_of
 

@@ -5,9 +5,9 @@ identical text, ids, pools (text, eos, proposers) and winners, NLLs and fused sc
 import pytest
 
 from adafuse import AdaFuseConfig, Generation, Request
+from adafuse.engine.loop import drive
 from adafuse.methods.adafuse import decode as adafuse_decode
 from adafuse.methods.adafuse import positions_needed
-from adafuse.engine.loop import drive
 from adafuse.methods.session import Session
 from oracles import reference
 from tools.testing import decode

@@ -71,12 +71,12 @@ import torch.nn.functional as F
 
 from adafuse import AdaFuseConfig, Ensemble
 from adafuse.backend import backend_for
+from adafuse.backend.cpu.projection import BLOCK_ROWS
+from adafuse.backend.invariance import pad_to_tiles
+from adafuse.engine.executor import Executor
 from adafuse.engine.loop import decode_many, drive
 from adafuse.ensemble import resolve_method
-from adafuse.engine.executor import Executor
-from adafuse.backend.invariance import pad_to_tiles
 from adafuse.methods import METHODS
-from adafuse.backend.cpu.projection import BLOCK_ROWS
 from adafuse.methods.session import Request
 from conf.compose import compose_run
 from conf.schema import DataConf

@@ -37,8 +37,8 @@ import torch
 from adafuse import AdaFuseConfig, Ensemble, SingleConfig
 from adafuse.backend import backend_for
 from adafuse.config import ModelConfig
-from adafuse.engine.loop import decode_many, drive
 from adafuse.engine.executor import Executor
+from adafuse.engine.loop import decode_many, drive
 from adafuse.methods import METHODS
 from tools import make_paper_pair
 from tools.bench_decode import compare_exact_batching, task_requests

@@ -32,10 +32,10 @@ import torch
 from packaging.version import Version
 
 from adafuse.backend.cpu.cores import Cores
-from adafuse.errors import BackendError
+from adafuse.backend.cpu.projection import block_output_projection
 from adafuse.backend.invariance import KernelProbes, split_attention, tile_linear_layers
 from adafuse.backend.probe_store import ProbeStore
-from adafuse.backend.cpu.projection import block_output_projection
+from adafuse.errors import BackendError
 
 MIN_TRANSFORMERS = "5.23"  # older versions mis-tokenise the Gemma 3 GGUF or drop its <bos> (pyproject.toml)
 

@@ -22,8 +22,8 @@ import torch
 
 from adafuse.backend.cpu.cores import CoreShare
 from adafuse.backend.split_pass import Resident, forward_together
-from adafuse.member.passes import Forward, ReadPrompt
 from adafuse.engine.planner import PassPlan, RequestShape, available_memory, plan_passes
+from adafuse.member.passes import Forward, ReadPrompt
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ import torch
 from filelock import FileLock
 
 from adafuse.backend import shared_gguf_reader
-from adafuse.loading.bundled import BUNDLES
 from adafuse.config import ModelConfig, default_cache_dir
 from adafuse.errors import ConfigError, ModelFileError
+from adafuse.loading.bundled import BUNDLES
 
 log = logging.getLogger(__name__)
 

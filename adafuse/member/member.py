@@ -25,12 +25,12 @@ from dataclasses import replace
 import torch
 from transformers import DynamicCache
 
-from adafuse.text.align import Alignment, Reading, align, last_word_start
 from adafuse.backend import backend_for
+from adafuse.backend.invariance import live_positions, packed_logits
 from adafuse.member.cache import GrowingLayer, PromptStore, common_prefix, derive_cache
 from adafuse.member.context import Context, Rows
-from adafuse.backend.invariance import live_positions, packed_logits
 from adafuse.member.passes import Forward, ReadPrompt
+from adafuse.text.align import Alignment, Reading, align, last_word_start
 from adafuse.text.tokenisation import Tokenisation
 from adafuse.text.tokens import TokenBytes
 

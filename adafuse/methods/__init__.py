@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from adafuse.member.passes import Program
-from adafuse.registry import Registry
 from adafuse.methods.session import Request, Session
+from adafuse.registry import Registry
 
 
 def every_member(cfg, available: int) -> list[int]:

@@ -23,17 +23,17 @@ import math
 
 import torch
 
-from adafuse.methods.completion import Settles, Word, complete_words, cut_to_char
 from adafuse.config import AdaFuseConfig
-from adafuse.member.context import Rows
 from adafuse.errors import NumericsError
-from adafuse.methods import Method
+from adafuse.member.context import Rows
 from adafuse.member.passes import together
+from adafuse.methods import Method
+from adafuse.methods.completion import Settles, Word, complete_words, cut_to_char
 from adafuse.methods.pool import Candidate, Proposal, build_pool, choose_winner, commit, score_pool
 from adafuse.methods.session import Session
 from adafuse.methods.stopping import settled_cut
-from adafuse.trace import CandidateTrace, ModelRound, RoundTrace
 from adafuse.text.words import CHAR_SLACK, ends_inside_char, is_word_complete
+from adafuse.trace import CandidateTrace, ModelRound, RoundTrace
 
 
 def decode(s: Session, cfg: AdaFuseConfig, early_finish: bool = True):

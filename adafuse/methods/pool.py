@@ -13,10 +13,10 @@ among the members' proposals: AdaFuse (adafuse/methods/adafuse.py) and SweetSpan
 import math
 from dataclasses import dataclass, field
 
-from adafuse.methods.completion import Word
-from adafuse.member.context import Rows
 from adafuse.errors import NumericsError
+from adafuse.member.context import Rows
 from adafuse.member.passes import together
+from adafuse.methods.completion import Word
 from adafuse.trace import Score
 
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from adafuse.errors import ContextLengthError
 from adafuse.member.cache import common_prefix
 from adafuse.member.context import Context
-from adafuse.errors import ContextLengthError
 from adafuse.member.member import Member
 from adafuse.methods.session import through_last_blank_line
 

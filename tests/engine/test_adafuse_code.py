@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from adafuse.engine.executor import Executor
 from adafuse.engine.loop import decode_many
 from adafuse.errors import ConfigError
-from adafuse.engine.executor import Executor
 from adafuse.methods import METHODS
 from adafuse.methods.session import Request
 from baselines.adafuse_code import AdaFuseCodeConfig

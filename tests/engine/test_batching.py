@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from adafuse import Ensemble, Job, Request, SingleConfig
-from adafuse.member.cache import PromptStore
+from adafuse.backend.invariance import PREFIX
+from adafuse.backend.split_pass import forward_together
 from adafuse.config import ModelConfig
+from adafuse.engine.executor import Executor
 from adafuse.engine.loop import decode_many, drive
 from adafuse.ensemble import resolve_method
 from adafuse.errors import BatchMemoryError
-from adafuse.engine.executor import Executor
-from adafuse.backend.invariance import PREFIX
-from adafuse.backend.split_pass import forward_together
+from adafuse.member.cache import PromptStore
 from adafuse.methods import METHODS
 from tools.paper_pair import NAMES
 from tools.testing import clone

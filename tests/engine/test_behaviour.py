@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from adafuse import AdaFuseConfig, Ensemble, SingleConfig
-from adafuse.methods.completion import Word, complete_words, cut_to_char
 from adafuse.engine.loop import drive
 from adafuse.errors import ContextLengthError, NumericsError
 from adafuse.member.member import Member
+from adafuse.methods.completion import Word, complete_words, cut_to_char
 from tools.bad_inputs import bad_input, pattern
 from tools.testing import clone, decode, long_reads_stopped, nq_prompt
 

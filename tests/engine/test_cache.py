@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from adafuse import AdaFuseConfig
-from adafuse.member.cache import PromptStore, common_prefix
-from adafuse.engine.loop import drive
 from adafuse.backend.invariance import tile_rows
+from adafuse.engine.loop import drive
+from adafuse.member.cache import PromptStore, common_prefix
 from oracles import reference
 from tools.testing import WINDOW, clone, decode
 

@@ -10,8 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adafuse.backend import invariance
-from adafuse.backend import backend_for
+from adafuse.backend import backend_for, invariance
 from adafuse.backend.cpu.cores import CoreShare
 from adafuse.engine.executor import Executor
 

@@ -9,12 +9,12 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from adafuse import Ensemble, Request, SingleConfig
-from adafuse.member.cache import derive_cache
-from adafuse.config import ModelConfig
-from adafuse.engine.loop import decode_many, drive
-from adafuse.engine.executor import Executor
 from adafuse.backend.invariance import _kernel_key, _probe_input, tile_rows, tiled_linear
 from adafuse.backend.split_pass import forward_together
+from adafuse.config import ModelConfig
+from adafuse.engine.executor import Executor
+from adafuse.engine.loop import decode_many, drive
+from adafuse.member.cache import derive_cache
 from adafuse.methods import METHODS
 from oracles.greedy import hf_greedy
 from tools.paper_pair import NAMES

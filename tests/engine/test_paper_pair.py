@@ -10,8 +10,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from adafuse.member.cache import common_prefix
 from adafuse.engine.loop import drive
+from adafuse.member.cache import common_prefix
 from tools import make_paper_pair
 from tools.paper_pair import NAMES
 

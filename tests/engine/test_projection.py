@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from adafuse.backend.cpu import projection
 from adafuse.backend import backend_for
+from adafuse.backend.cpu import projection
+from adafuse.backend.cpu.projection import BLOCK_ROWS, MIN_HIDDEN, block_output_projection
 from adafuse.backend.invariance import pad_to_tiles
 from adafuse.member.member import Member
-from adafuse.backend.cpu.projection import BLOCK_ROWS, MIN_HIDDEN, block_output_projection
 
 PROBES = backend_for(torch.device("cpu")).probes
 

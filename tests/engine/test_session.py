@@ -6,9 +6,9 @@ import threading
 import pytest
 import torch
 
+from adafuse.engine.executor import Executor
 from adafuse.engine.loop import drive
 from adafuse.ensemble import resolve_method
-from adafuse.engine.executor import Executor
 from adafuse.methods.session import Request, Session
 
 

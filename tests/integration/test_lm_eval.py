@@ -11,8 +11,8 @@ from lm_eval import simple_evaluate
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
-from adafuse.member.cache import PromptStore
 from adafuse.errors import ConfigError, ContextLengthError
+from adafuse.member.cache import PromptStore
 from adafuse.methods.scoring import loglikelihood
 from conf.compose import compose_run
 from eval.lm_harness import AdaFuseLM

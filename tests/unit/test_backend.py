@@ -8,8 +8,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, masking_utils, modeling_gguf_pytorch_utils
 
 from adafuse.backend import Backend, backend_for, check_model, check_transformers
-from adafuse.errors import BackendError
 from adafuse.backend.invariance import PREFIX
+from adafuse.errors import BackendError
 
 
 def installed_transformers():

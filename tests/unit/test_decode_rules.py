@@ -5,13 +5,13 @@ import math
 import pytest
 import torch
 
-from adafuse.member.cache import common_prefix
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
-from adafuse.methods.adafuse import margin
 from adafuse.errors import ConfigError, UnknownNameError
+from adafuse.member.cache import common_prefix
+from adafuse.methods.adafuse import margin
 from adafuse.methods.pool import choose_winner
-from adafuse.registry import Registry
 from adafuse.methods.stopping import cut_at_stop, settled_cut, stop_strings
+from adafuse.registry import Registry
 
 
 def test_margin_is_top1_minus_top2_probability():

@@ -3,8 +3,8 @@ meet in which pass, in which order, and where memory splits a pass. No model is 
 
 import pytest
 
-from adafuse.errors import BatchMemoryError
 from adafuse.engine.planner import PassPlan, RequestShape, pass_bytes, plan_passes
+from adafuse.errors import BatchMemoryError
 
 KV_BYTES, VOCAB = 100, 10  # per token of cache; logit columns
 

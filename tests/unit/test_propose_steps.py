@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from adafuse.methods import adafuse as decode
-from adafuse.methods.completion import Settles
 from adafuse.methods.adafuse import RoundEnd, propose_all
+from adafuse.methods.completion import Settles
 
 
 def scripted(steps: list[list[str]], final: list[str], name: str):
