@@ -2,7 +2,7 @@
 
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
 from adafuse.engine.loop import DEFAULT_BATCH_SIZE
-from adafuse.ensemble import Ensemble, Job, model_config, resolve_method
+from adafuse.ensemble import Ensemble, Job, ScoreJob, model_config, resolve_method
 from adafuse.methods.session import Request, through_last_blank_line
 from adafuse.trace import Generation, Stats, Trace
 
@@ -13,6 +13,7 @@ __all__ = [
     "Generation",
     "Job",
     "ModelConfig",
+    "ScoreJob",
     "Request",
     "SingleConfig",
     "Stats",

@@ -63,6 +63,20 @@ class Job:
     config: object
     on_text: Callable[[str], None] | None = None
 
+    def program(self, members: list) -> Program:
+        return self.method.generate(members, self.request, self.config, self.on_text)
+
+
+@dataclass(frozen=True)
+class ScoreJob:
+    """Log-likelihoods for an engine its caller steps: each (context, continuation) of `pairs`, scored by the
+    loaded members (adafuse/methods/scoring.py); its result is the list of `Likelihood`s, in order."""
+
+    pairs: tuple[tuple[str, str], ...]
+
+    def program(self, members: list) -> Program:
+        return loglikelihood([m for m in members if m is not None], self.pairs)
+
 
 class Ensemble:
     def __init__(self, members: list[Member]):
@@ -125,7 +139,7 @@ class Ensemble:
     def without_utf8_rule(self) -> list[str]:
         """The loaded models whose vocabulary is of a type adafuse/text/tokens.py does not know, so that the rule
         keeping words valid UTF-8 is off for them (a run records it in its runtime)."""
-        return [m.name for m in filter(None, self.members) if m.tokens.kind is None]
+        return [m.name for m in filter(None, self.members) if m.tokenisation.tokens.kind is None]
 
     def decode(self, prompt: str | Request, *, method="adafuse", **options) -> Generation:
         """Decode one prompt. `method` is a registered name (options are its knobs) or a method config object.
@@ -152,48 +166,55 @@ class Ensemble:
     ) -> "DecodeStream":
         """Decode (key, prompt or Request) items with `batch_size` examples in flight (adafuse/engine/loop.py);
         iterating yields (key, Generation) as each finishes. With `exact` (the default) every forward pass
-        has the bits it has in `decode`, and so every output (adafuse/backend/invariance.py); without, up to
+        has the bits it has in `decode`, and so every output (adafuse/backend/tiles.py); without, up to
         rounding. `side_by_side=False` runs one model's passes after the other's on the CPU, each on every
         core (the same outputs). Request settings given as keywords apply to every item that is a plain
         prompt."""
         options, settings = _split_request_fields(options)
         spec, cfg = resolve_method(method, options)
+        return self._stream(
+            items, spec, cfg, settings, batch_size, executor or Executor(exact=exact, side_by_side=side_by_side)
+        )
 
+    def _stream(self, items, spec: Method, cfg, settings: dict, batch_size: int, executor: Executor) -> "DecodeStream":
         def one(members, item):
             return spec.generate(members, _fitting(members, spec, cfg, Request.of(item[1], **settings)), cfg)
 
-        executor = executor or Executor(exact=exact, side_by_side=side_by_side)
         return DecodeStream(decode_many(self.members, items, one, batch_size, executor), executor)
 
     def engine(self, *, batch_size: int = DEFAULT_BATCH_SIZE, exact: bool = True, side_by_side: bool = True) -> Engine:
-        """The engine loop itself (adafuse/engine/loop.py), for a caller that steps it (a server: serve/): `submit(key,
-        Job)` from the thread that calls `step()`, which returns (key, Generation) for each example that
-        finished. Unlike `decode_stream`, an example that fails ends alone: its result is its exception,
-        and the others go on. Every example has the bits it has in `decode`, as in `decode_stream`."""
+        """The engine loop itself (adafuse/engine/loop.py), for a caller that steps it (a server: serve/):
+        `submit(key, job)` (a `Job`, or a `ScoreJob`) from the thread that calls `step()`, which returns (key,
+        result) for each job that finished: a Generation, or a ScoreJob's likelihoods. Unlike `decode_stream`, a
+        job that fails ends alone: its result is its exception, and the others go on. Every example has the
+        bits it has in `decode`, as in `decode_stream`, whatever else is in flight."""
 
-        def one(members, job: Job) -> Program:
-            return _failure_as_result(job.method.generate(members, job.request, job.config, job.on_text))
+        def one(members, job: Job | ScoreJob) -> Program:
+            return _failure_as_result(job.program(members))
 
         return Engine(self.members, one, batch_size, Executor(exact=exact, side_by_side=side_by_side))
 
     def decode_batch(self, prompts: list[str | Request], *, method="adafuse", **kwargs) -> list[Generation]:
         """`decode` for many prompts, batched across examples; results in the order of `prompts`. Every prompt
         is checked to fit before any is decoded."""
-        streaming = {k: kwargs.pop(k) for k in ("batch_size", "exact", "side_by_side", "executor") if k in kwargs}
+        batch_size = kwargs.pop("batch_size", DEFAULT_BATCH_SIZE)
+        executor = kwargs.pop("executor", None) or Executor(
+            exact=kwargs.pop("exact", True), side_by_side=kwargs.pop("side_by_side", True)
+        )
         options, settings = _split_request_fields(kwargs)
         spec, cfg = resolve_method(method, options)
         requests = [_fitting(self.members, spec, cfg, Request.of(p, **settings)) for p in prompts]
-        done = dict(self.decode_stream(enumerate(requests), method=cfg, **streaming))
+        done = dict(self._stream(enumerate(requests), spec, cfg, {}, batch_size, executor))
         return [done[i] for i in range(len(prompts))]
 
     def loglikelihood(self, requests: list[tuple[str, str]]) -> list[Likelihood]:
         """Each (context, continuation)'s log-probability: the mean over the loaded members, each in its own
         tokenization (adafuse/methods/scoring.py); in input order."""
-        return loglikelihood([m for m in self.members if m is not None], requests)
+        return drive(loglikelihood([m for m in self.members if m is not None], requests))
 
     def loglikelihood_rolling(self, texts: list[str]) -> list[Likelihood]:
         """Each text's log-probability from its start, the mean over the loaded members (adafuse/methods/scoring.py)."""
-        return loglikelihood_rolling([m for m in self.members if m is not None], texts)
+        return drive(loglikelihood_rolling([m for m in self.members if m is not None], texts))
 
 
 class DecodeStream:
@@ -217,9 +238,8 @@ class DecodeStream:
 
     @property
     def batching(self) -> dict[str, dict]:
-        """Per model name: how its requests met ("attention", "linear": "merged", "row_tiles",
-        "per_request" or "alone": `Meeting`) and its "passes", "merged_passes", "rows" and "merged_prompts"
-        (adafuse/engine/executor.py, `Executor.report`)."""
+        """Per model name: how its requests met and its pass counts and KV bytes (adafuse/engine/executor.py,
+        `Executor.report`)."""
         return self._executor.report()
 
 

@@ -154,7 +154,7 @@ def trim(m: Member, ids: list[int], target: str) -> list[int]:
         return ids
     best = None
     for i in range(1, len(ids) + 1):
-        text = m.decode(ids[:i]).strip()
+        text = m.tokenisation.decode(ids[:i]).strip()
         if not text:
             continue
         if text == target or text.lower() == target.lower():
@@ -246,17 +246,17 @@ class Greedy:
         while end < start + new:
             yield from self.grow(end + 1)
             end += 1
-            if self.tokens[i][end - 1] in self.m.eos_ids:
+            if self.tokens[i][end - 1] in self.m.tokenisation.eos_ids:
                 break
         return end
 
     def extended(self, i: int, start: int, end: int, chunks: int):
         """Their extension (L217-243), a program: when the decode of tokens[i][start:end] has fewer than
         `chunks` chunks and no marker, 5 more tokens; returns the end and the decode."""
-        text = self.m.decode(self.tokens[i][start:end])
+        text = self.m.tokenisation.decode(self.tokens[i][start:end])
         if len(text.split()) < chunks and not has_marker(text):
             end = yield from self.call(i, end, EXTENSION)
-            text = self.m.decode(self.tokens[i][start:end])
+            text = self.m.tokenisation.decode(self.tokens[i][start:end])
         return end, text
 
     def span(self, text: str, i: int, end: int, before: "CodeSpan | None" = None) -> "CodeSpan":
@@ -436,7 +436,7 @@ def score_code_pool(m: Member, k: int, pool: list[Entry], own: dict[str, list[Co
     """Model k's score of every entry (compute_span_perplexity, L814-837): the mean NLL of its own ids,
     or of the text encoded alone with no special tokens; the latter read in one batched pass (a program)."""
     foreign = [e for e in pool if own[e.text][k] is None]
-    encoded = {e.text: m.encode(e.text, add_special_tokens=False) for e in foreign}
+    encoded = {e.text: m.tokenisation.encode(e.text, add_special_tokens=False) for e in foreign}
     read = [e.text for e in foreign if encoded[e.text]]
     lps: dict[str, list[float]] = {}
     if read:
@@ -515,11 +515,11 @@ def decode(s: Session, cfg: AdaFuseCodeConfig):
     """Their loop (L957-1121) over the session's members: at most `max_rounds` rounds (a program, every member's
     passes in the same engine steps)."""
     members_used(cfg, len(s.members))
-    if any(m.chat_template for m in s.members):
+    if any(m.tokenisation.chat_template for m in s.members):
         raise ConfigError("adafuse_code: their scripts tokenise the plain prompt; set chat_template: false")
     prompt = s.request.prompt
     prompt_ids = [list(m.ids) for m in s.members]
-    eos_strings = [m.eos_token for m in s.members if m.eos_token]
+    eos_strings = [m.tokenisation.eos_token for m in s.members if m.tokenisation.eos_token]
     why, seeds = "", [None] * len(s.members)
     for round_idx in range(cfg.max_rounds):
         proposed = yield from together([propose(m, cfg, seed) for m, seed in zip(s.members, seeds)])
@@ -535,7 +535,7 @@ def decode(s: Session, cfg: AdaFuseCodeConfig):
         if stop is None and round_idx + 1 == cfg.max_rounds:
             stop = "rounds"
         if stop is None:
-            ids = [m.encode(prompt + s.text) for m in s.members]
+            ids = [m.tokenisation.encode(prompt + s.text) for m in s.members]
             if any(len(i) - common_prefix(i, p) >= s.max_new_tokens for i, p in zip(ids, prompt_ids)):
                 stop = "length"
         if s.tracing:
@@ -553,7 +553,7 @@ def decode(s: Session, cfg: AdaFuseCodeConfig):
         )
     s.end(STOP_REASONS[why])
     s.note(authors_pred=loop_pred(prompt, s.text), authors_stop=why)
-    outputs = [m.encode(prompt + s.text) for m in s.members]
+    outputs = [m.tokenisation.encode(prompt + s.text) for m in s.members]
     s.set_output_ids([i[common_prefix(i, p) :] for i, p in zip(outputs, prompt_ids)])
 
 

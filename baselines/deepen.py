@@ -178,19 +178,19 @@ def decode(s: Session, cfg: DeepenConfig):
     transfers = prepare(members, cfg)
     main, others = members[index], [m for i, m in enumerate(members) if i != index]
     while True:
-        argmax = [m.tokens.choose(m.logprobs) for m in members]  # each one that can start a character
+        argmax = [m.tokenisation.tokens.choose(m.logprobs) for m in members]  # each one that can start a character
         first = argmax[index]
-        skip = first in main.eos_ids or cfg.lr == 0 or cfg.steps == 0
+        skip = first in main.tokenisation.eos_ids or cfg.lr == 0 or cfg.steps == 0
         if not skip and cfg.skip_agree:
             texts = {vocabs[i].texts[t] for i, t in enumerate(argmax)}
             skip = len(texts) == 1 and None not in texts
         token, losses = first, []
         if not skip:
             q = sum(w * anchor_distribution(t, m.logprobs, cfg.support) for w, t, m in zip(weights, transfers, members))
-            token, losses = inverse_map(transfers[index], main.logprobs, q, cfg, main.tokens.can_start)
+            token, losses = inverse_map(transfers[index], main.logprobs, q, cfg, main.tokenisation.tokens.can_start)
         if s.tracing:
             s.log(Step(argmax, not skip, token, losses))
-        if token in main.eos_ids:
+        if token in main.tokenisation.eos_ids:
             s.add("", eos=True)
             break
         text = yield from _advance_main(main, token, s.text)
@@ -202,9 +202,9 @@ def decode(s: Session, cfg: DeepenConfig):
 def main_index(main, members) -> int:
     """The main member's index: `main` itself, or the one SentencePiece member's."""
     if main == SENTENCEPIECE_MAIN:
-        found = [i for i, m in enumerate(members) if m.tokens.kind == SENTENCEPIECE]
+        found = [i for i, m in enumerate(members) if m.tokenisation.tokens.kind == SENTENCEPIECE]
         if len(found) != 1:
-            kinds = ", ".join(f"{m.name}: {m.tokens.kind}" for m in members)
+            kinds = ", ".join(f"{m.name}: {m.tokenisation.tokens.kind}" for m in members)
             raise ConfigError(f"deepen: main={SENTENCEPIECE_MAIN!r} needs exactly one SentencePiece member ({kinds})")
         return found[0]
     if main >= len(members):
@@ -224,7 +224,9 @@ def _advance_main(main, token: int, shared: str):
     ids = [token]
     yield from rows.extend([[token]])
     while ends_inside_char(text) and len(ids) < CHAR_SLACK:
-        nxt = main.tokens.choose(rows.last[0], main.tokens.pending(ids))  # a token that continues the character
+        nxt = main.tokenisation.tokens.choose(
+            rows.last[0], main.tokenisation.tokens.pending(ids)
+        )  # a token that continues the character
         yield from rows.extend([[nxt]])
         ids.append(nxt)
         text = main.text_of(ids)

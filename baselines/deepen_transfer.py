@@ -194,7 +194,7 @@ def member_digest(member, vocab: Vocabulary) -> str:
     with _LOCK:
         weights = _DIGESTS.get(member.model)
     if weights is None:
-        weights = embedding_digest(member.input_embeddings())
+        weights = embedding_digest(member.runner.input_embeddings())
         with _LOCK:
             _DIGESTS[member.model] = weights
     return hashlib.sha256(f"{weights} {vocab.digest}".encode()).hexdigest()
@@ -263,7 +263,7 @@ def prepare(members, settings) -> list[Transfer]:
                 log.info("deepen: transfer matrices read from %s", path)
             else:
                 stored = _build_all(members, vocabs, digests, settings, path)
-        transfers = [_transfer(stored, d[:16], m.input_embeddings()) for m, d in zip(members, digests)]
+        transfers = [_transfer(stored, d[:16], m.runner.input_embeddings()) for m, d in zip(members, digests)]
         with _LOCK:
             for m, transfer in zip(members, transfers):
                 _TRANSFERS.setdefault(m.model, {})[key] = transfer
@@ -314,9 +314,9 @@ def _build_all(members, vocabs, digests, settings, path: Path) -> dict[str, torc
         if f"{tag}.anchors" in tensors:  # the same model twice (a clone)
             continue
         t0 = time.perf_counter()
-        anchors = anchor_ids(vocab, texts, m.encode_text)
+        anchors = anchor_ids(vocab, texts, m.tokenisation.encode_text)
         with torch.inference_mode():
-            own, error = build_transfer(m.input_embeddings(), anchors, settings.temperature, settings.row_top_k)
+            own, error = build_transfer(m.runner.input_embeddings(), anchors, settings.temperature, settings.row_top_k)
         tensors.update({f"{tag}.{name}": t for name, t in own.items()})
         nbytes = sum(t.numel() * t.element_size() for t in own.values())
         log.info(

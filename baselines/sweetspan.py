@@ -178,9 +178,9 @@ def propose_span(m, cfg: SweetSpanConfig, shared: str, stop: tuple[str, ...]):
     rows = m.fork(1)
     logprobs, words, text = m.logprobs, [], ""
     while len(words) < cfg.span_words:
-        first = m.tokens.choose(logprobs)
+        first = m.tokenisation.tokens.choose(logprobs)
         context = m.ids + [i for w in words for i in w.ids]
-        stops = first not in m.eos_ids and cut_at_stop(shared, text + m.text_of([first], context), stop)[1]
+        stops = first not in m.tokenisation.eos_ids and cut_at_stop(shared, text + m.text_of([first], context), stop)[1]
         (word,) = yield from complete_words(m, rows, [first], logprobs, words, 1 if stops else cfg.max_word_tokens)
         words.append(word)
         text += word.text

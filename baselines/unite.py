@@ -80,7 +80,7 @@ def top_entries(m, vocab: Vocabulary, k: int) -> dict[str | None, int]:
     """Member m's k most probable eligible tokens: entry (text, or EOS) -> its most probable id for it."""
     lp = m.logprobs
     ok = vocab.has_text.clone()
-    ok[list(m.eos_ids)] = True
+    ok[list(m.tokenisation.eos_ids)] = True
     eligible = lp.masked_fill(~ok, float("-inf"))
     entries: dict[str | None, int] = {}
     # More than k ids may be needed: two ids of one text (Gemma's "\n" and <0x0A>) make one entry.
@@ -91,7 +91,7 @@ def top_entries(m, vocab: Vocabulary, k: int) -> dict[str | None, int]:
         for i in top:
             if eligible[i] == float("-inf"):
                 break
-            key = EOS if i in m.eos_ids else vocab.texts[i]
+            key = EOS if i in m.tokenisation.eos_ids else vocab.texts[i]
             entries.setdefault(key, i)
             if len(entries) == k:
                 return entries
@@ -103,12 +103,12 @@ def top_entries(m, vocab: Vocabulary, k: int) -> dict[str | None, int]:
 def member_value(m, vocab: Vocabulary, probs: torch.Tensor, entry: str | None, memo: dict) -> float:
     """Member m's (unnormalised) probability of a union entry (step 2 of the module docstring)."""
     if entry is EOS:
-        return max(probs[e].item() for e in m.eos_ids)
+        return max(probs[e].item() for e in m.tokenisation.eos_ids)
     ids = vocab.ids_of(entry)
     if ids:
         return probs[ids].sum().item()
     if entry not in memo:
-        memo[entry] = first_subtoken(m.encode_text(entry), vocab)
+        memo[entry] = first_subtoken(m.tokenisation.encode_text(entry), vocab)
     return probs[memo[entry]].item()
 
 

@@ -81,11 +81,11 @@ _VOCABULARIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # mode
 def vocabulary_of(member) -> Vocabulary:
     """The member's normalised vocabulary, built once per loaded model (its tokenizer is loaded with it;
     clones of a member share both) and remembered while the model lives."""
-    excluded = frozenset(member.control_ids) | frozenset(member.eos_ids)
-    key = (member.vocab_size, excluded)
+    excluded = frozenset(member.tokenisation.control_ids) | frozenset(member.tokenisation.eos_ids)
+    key = (member.runner.vocab_size, excluded)
     cached = _VOCABULARIES.get(member.model)
     if cached is None or cached[0] != key:
-        cached = (key, Vocabulary.build(*member.vocabulary_bytes(), excluded))
+        cached = (key, Vocabulary.build(*member.tokenisation.vocabulary_bytes(), excluded))
         _VOCABULARIES[member.model] = cached
     return cached[1]
 

@@ -90,10 +90,10 @@ def _vocab_bytes(tokenizer, size: int) -> list[bytes | None]:
 
 class RefModel:
     def __init__(self, member):
-        self.tokenizer = member.tokenizer
+        self.tokenizer = member.tokenisation.tokenizer
         self.model = member.model
-        self.chat_template = member.chat_template
-        self.eos_ids = member.eos_ids
+        self.chat_template = member.tokenisation.chat_template
+        self.eos_ids = member.tokenisation.eos_ids
         self.name = member.name
         added = {i for i, t in self.tokenizer.added_tokens_decoder.items() if t.content.strip() != ""}
         self.control = sorted((added | set(self.tokenizer.all_special_ids)) - set(self.eos_ids))

@@ -21,7 +21,7 @@ class RefMember:
 
     def __init__(self, member, prompt: str):
         self.m = RefModel(member)
-        self.vocab_size = member.vocab_size
+        self.vocab_size = member.runner.vocab_size
         self.ids = self.m.encode_prompt(prompt)
         self.prompt_text = self.m.render(prompt)
         self.prompt_len = len(self.ids)

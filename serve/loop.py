@@ -4,9 +4,11 @@ The HTTP handlers run on the event loop's thread (serve/app.py). Each request is
 (one example each), put on a thread-safe inbox. Between two engine steps this thread takes everything in the
 inbox: it checks that each prompt fits every model's context (the models' tokenizers are used here only) and
 submits the examples, which join the batch in flight at the next step (continuous batching); it cancels the
-tickets whose clients left, and scores the texts that asked for log-probabilities. Then it runs one step
-and hands each finished example, and each text a session reported as final, back to its ticket's event
-queue through the event loop (`call_soon_threadsafe`). Nothing in the decode path takes a lock.
+tickets whose clients left, and submits the texts that asked for log-probabilities as scoring jobs, which the
+engine steps beside the completions like any example (a long text's scoring never stalls the others). Then it
+runs one step and hands each finished example, each finished scoring job and each text a session reported as
+final back to its ticket's event queue through the event loop (`call_soon_threadsafe`). Nothing in the
+decode path takes a lock.
 
 Exact merged passes (adafuse/backend/invariance.py) give every example the bits of its decode alone, whatever else is
 in flight: a completion's text does not depend on the server's load.
@@ -23,15 +25,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import torch
-
-from adafuse import Job
+from adafuse import Job, ScoreJob
 from adafuse.errors import ContextLengthError, DataError
 from serve.protocol import ApiError, Completion
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL_SECONDS = 0.2  # how often an idle engine thread looks at the drain deadline
+SCORE = "score"  # a scoring job's place in an engine key, where a completion's choice index goes
 
 
 @dataclass
@@ -81,9 +82,6 @@ class EngineLoop:
         self._ids = itertools.count()
         self._deadline: float | None = None  # when draining: the end of the grace period
         self.counters = Counters()
-        # torch's thread count is per thread (OpenMP), and a kernel's bits may depend on it: the engine's
-        # thread runs with the count of the thread that made it, as an offline decode on that thread would.
-        self._threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._run, name="adafuse-engine", daemon=True)
 
     # ---- the event loop's side --------------------------------------------------------------------------------
@@ -136,31 +134,29 @@ class EngineLoop:
     # ---- the engine's thread --------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        torch.set_num_threads(self._threads)
-        with torch.inference_mode():
-            while True:
-                commands = []
-                if not self._engine.busy:  # idle: wait for work, looking at the drain deadline now and then
-                    try:
-                        commands.append(self._inbox.get(timeout=IDLE_POLL_SECONDS))
-                    except queue.Empty:
-                        pass
-                while True:  # everything that arrived during the last step joins before the next one
-                    try:
-                        commands.append(self._inbox.get_nowait())
-                    except queue.Empty:
-                        break
-                for command in commands:
-                    if command[0] == "stop":
-                        self._fail_all(ApiError(503, "the server stopped"))
-                        self._engine.close()
-                        return
-                    self._obey(*command)
-                if self._deadline is not None and time.monotonic() >= self._deadline:
-                    self._fail_all(ApiError(503, "the server is shutting down: the grace period for requests ended"))
-                if self._engine.busy:
-                    self._step()
-                self._publish()
+        while True:
+            commands = []
+            if not self._engine.busy:  # idle: wait for work, looking at the drain deadline now and then
+                try:
+                    commands.append(self._inbox.get(timeout=IDLE_POLL_SECONDS))
+                except queue.Empty:
+                    pass
+            while True:  # everything that arrived during the last step joins before the next one
+                try:
+                    commands.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            for command in commands:
+                if command[0] == "stop":
+                    self._fail_all(ApiError(503, "the server stopped"))
+                    self._engine.close()
+                    return
+                self._obey(*command)
+            if self._deadline is not None and time.monotonic() >= self._deadline:
+                self._fail_all(ApiError(503, "the server is shutting down: the grace period for requests ended"))
+            if self._engine.busy:
+                self._step()
+            self._publish()
 
     def _obey(self, name: str, ticket: Ticket, *args) -> None:
         """Run one command of the inbox; an error it raises is its ticket's answer, and this thread goes on."""
@@ -190,7 +186,9 @@ class EngineLoop:
             self.counters.cancelled += self._cancel_rest(ticket)
 
     def _score(self, ticket: Ticket, pairs: list[tuple[str, str]]) -> None:
-        ticket.post("scored", self._ensemble.loglikelihood(pairs))
+        """Submit the scoring of `pairs` as a job of the engine's: its likelihoods come back from a step."""
+        self._tickets[ticket.id] = ticket
+        self._engine.submit((ticket.id, SCORE), ScoreJob(tuple(pairs)))
 
     def _step(self) -> None:
         try:
@@ -206,6 +204,13 @@ class EngineLoop:
             ticket = self._tickets.get(ticket_id)
             if ticket is None:
                 continue
+            if choice == SCORE:
+                self._tickets.pop(ticket_id)
+                if isinstance(result, BaseException):
+                    ticket.post("failed", ApiError(500, f"scoring failed ({type(result).__name__}: {result})"))
+                else:
+                    ticket.post("scored", result)
+                continue
             if isinstance(result, BaseException):
                 self.counters.failed += 1
                 self._tickets.pop(ticket_id)
@@ -220,7 +225,9 @@ class EngineLoop:
             ticket.post("done", choice, result)
 
     def _cancel_rest(self, ticket: Ticket) -> int:
-        """Drop the ticket's examples still queued or decoding: how many there were."""
+        """Drop the ticket's examples still queued or decoding, and its scoring job if it has one: how many
+        examples there were."""
+        self._engine.cancel((ticket.id, SCORE))
         return sum(self._engine.cancel((ticket.id, choice)) for choice in range(len(ticket.completion.requests)))
 
     def _fail_all(self, error: ApiError) -> None:

@@ -39,7 +39,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from adafuse.backend.invariance import AloneMasks, Span
+from adafuse.backend.attention import AloneMasks, Span
 from tools.bench_decode import cpu_model
 
 # (width, cached length) per request: a merged pass of decoding requests after 5-shot NQ prompts (about

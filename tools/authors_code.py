@@ -67,7 +67,7 @@ SCRIPTS = {
 }
 N_MODELS = {"two": 2, "three": 3, "four": 4}
 
-# The bundled pair, as converted by adafuse.loading.pretrained (directory name = sha256 of the GGUF file).
+# The bundled pair, as converted by adafuse.loading (directory name = sha256 of the GGUF file).
 SMOLLM2_SHA = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GEMMA3_SHA = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 MODEL_NAMES = {SMOLLM2_SHA: "SmolLM2-135M-Instruct", GEMMA3_SHA: "Gemma-3-270M"}

@@ -72,7 +72,7 @@ import torch.nn.functional as F
 from adafuse import AdaFuseConfig, Ensemble
 from adafuse.backend import backend_for
 from adafuse.backend.cpu.projection import BLOCK_ROWS
-from adafuse.backend.invariance import pad_to_tiles
+from adafuse.backend.tiles import pad_to_tiles
 from adafuse.engine.executor import Executor
 from adafuse.engine.loop import decode_many, drive
 from adafuse.ensemble import resolve_method
@@ -225,7 +225,7 @@ def compare_with_reference(ens: Ensemble, data_dir: Path, count: int, budget: in
         slow_text = reference.generate(ens.members, Request(prompt, max_new_tokens=budget), cfg).text
         slow_s += time.perf_counter() - started
         identical += slow_text == fast.text
-        lengths.append(min(len(m.encode(prompt)) for m in ens.members))
+        lengths.append(min(len(m.tokenisation.encode(prompt)) for m in ens.members))
         print(f"  {lengths[-1]} prompt tokens: fast {fast_s:.1f}s, reference {slow_s:.1f}s so far", flush=True)
     return {
         "prompts": len(prompts),

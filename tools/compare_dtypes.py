@@ -104,7 +104,7 @@ def compare(pair_dir: Path, requests: list[Request]) -> dict:
 
 def _attach_gaps(gen, member, prompt: str) -> None:
     """Each greedy step's float32 top logit and top-1 minus top-2 gap, read with one cache-free pass."""
-    ids = member.encode(prompt) + gen.ids[0]
+    ids = member.tokenisation.encode(prompt) + gen.ids[0]
     with torch.inference_mode():
         logits = member.model(input_ids=torch.tensor([ids], device=member.device)).logits[0].float()
     start = len(ids) - len(gen.ids[0]) - 1

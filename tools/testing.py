@@ -9,6 +9,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
+from adafuse.backend import ALONE, MERGED, Execution, Pass, Read
 from adafuse.engine.loop import drive
 from adafuse.ensemble import resolve_method
 from adafuse.member.member import Member
@@ -31,6 +32,24 @@ def decode(members, prompt: str, cfg, **request) -> Generation:
 def clone(member: Member) -> Member:
     """A second member over the same weights and tokenizer, with its own context and cache."""
     return member.clone()
+
+
+def pass_alone(member: Member, cache, input_ids: torch.Tensor, last_only=False, lengths=None, exact=True):
+    """One read in a pass of its own through the member's backend, as the engine runs it: its float32 logits
+    (adafuse/backend/interface.py `Read` for their shape). The cache grows by the ids."""
+    read = Read(cache, input_ids, lengths, last_only)
+    (ran,) = member.runner.backend.execute([Pass(ALONE, member.runner.prepared, (read,))], Execution.here(exact))
+    return ran.results[0]
+
+
+def pass_merged(member: Member, caches: list, inputs: list, lengths=None, last_only=None, exact=True) -> list:
+    """Several reads to the member's weights in one merged pass (adafuse/backend/split_pass.py): each one's
+    logits, as `pass_alone` gives them."""
+    lengths = lengths or [None] * len(inputs)
+    last_only = last_only or [False] * len(inputs)
+    reads = tuple(Read(c, x, n, last) for c, x, n, last in zip(caches, inputs, lengths, last_only))
+    (ran,) = member.runner.backend.execute([Pass(MERGED, member.runner.prepared, reads)], Execution.here(exact))
+    return ran.results
 
 
 @contextlib.contextmanager
@@ -85,7 +104,9 @@ def narrow_window(member: Member, window: int) -> Member:
     for module in narrow.modules():
         if getattr(module, "sliding_window", None):  # set on each sliding layer's attention from the config
             module.sliding_window = window
-    return Member(f"{member.name}_window{window}", member.tokenizer, narrow, member.chat_template)
+    return Member(
+        f"{member.name}_window{window}", member.tokenisation.tokenizer, narrow, member.tokenisation.chat_template
+    )
 
 
 # The sizes of `in_shape`'s stand-ins, and the spread of their logits: as the paper's pair in shape
@@ -119,7 +140,7 @@ def in_shape(member: Member, seed: int, layers: int, kv_heads: int, **config) ->
             torch.randn(head.shape, generator=torch.Generator().manual_seed(seed)) * LOGIT_STD / shape.hidden_size**0.5
         )
     model.generation_config = copy.deepcopy(member.model.generation_config)
-    return Member(f"{member.name}_in_shape", member.tokenizer, model, member.chat_template)
+    return Member(f"{member.name}_in_shape", member.tokenisation.tokenizer, model, member.tokenisation.chat_template)
 
 
 # The token-level methods' prompts (UniTE's and DeePEn's checks against their oracles): (prompt, stop, max_new_tokens)

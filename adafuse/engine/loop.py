@@ -1,17 +1,18 @@
 """The engine loop: every example in flight is a program (adafuse/member/passes.py) suspended at the passes it waits
 on; one step plans and runs them all, then advances each example. One thread, no locks, deterministic.
 
-As vLLM's `EngineCore.step()`: the planner (adafuse/engine/planner.py) turns what every example waits on into passes,
-the executor (adafuse/engine/executor.py) runs them, and each example gets its results and runs on to its next
-request, or finishes. A method stays per-example code in the order of its paper; batching across examples
-needs nothing from it.
+As vLLM's `EngineCore.step()`: the planner (adafuse/engine/planner.py) turns what every example waits on into a
+plan of passes, the executor (adafuse/engine/executor.py) has the backend run it, and each example gets its
+results and runs on to its next request, or finishes. A method stays per-example code in the order of its
+paper; batching across examples needs nothing from it.
 
 - Slots. `batch_size` slots, each a set of member clones (`Member.clone`: the same weights and tokenisation,
   a context of its own). An example runs in a slot; a finished example's slot takes the next one at the start
   of the next step (continuous batching), so its prompt is read beside the others' steps.
-- Order. A request's place in a pass's row order is its slot, then its place among its example's requests,
-  so which rows meet and where each sits, and so every float, never depend on anything but the examples.
-  Examples that finish in the same step are handed back in slot order.
+- Order. A step's requests are listed slot by slot, each example's in the order it asked for them: a request's
+  place in that list is its place in a pass's row order, so which rows meet and where each sits, and so every
+  float, never depend on anything but the examples. Examples that finish in the same step are handed back in
+  slot order.
 - Endings. An example that fails ends the run: `close` closes every program in flight (its cleanup runs,
   nothing is left waiting) and the error is raised; so does a caller that stops iterating `decode_many`.
 
@@ -27,8 +28,6 @@ from adafuse.engine.executor import Executor
 from adafuse.member.passes import Program
 
 DEFAULT_BATCH_SIZE = 8  # examples in flight; the runner's and the Python API's default (docs/speed.md)
-# A request's place in row order: slot * PLACES + its index among its example's requests of the step.
-PLACES = 1 << 16
 
 
 @dataclass
@@ -100,8 +99,11 @@ class Engine:
                 slot.program = self.make(slot.members, item)
                 self._advance(slot, None, finished)
         waiting = [slot for slot in self.slots if slot.program is not None]
-        requests = [(slot.index * PLACES + j, r) for slot in waiting for j, r in enumerate(slot.asked)]
-        results = self.executor.run(requests) if requests else []
+        requests = [r for slot in waiting for r in slot.asked]  # a request's place: its index here
+        results = []
+        if requests:
+            plans = self.executor.plan(requests)  # the planner's passes, as data (adafuse/engine/planner.py)
+            results = self.executor.run(plans, requests, len(waiting))
         at = 0
         for slot in waiting:
             mine = results[at : at + len(slot.asked)]
@@ -132,11 +134,10 @@ class Engine:
             member.release()
 
     def close(self) -> None:
-        """End the run: every program in flight is closed, the queue emptied, the resident caches dropped."""
+        """End the run: every program in flight is closed (its cleanup runs), the queue emptied."""
         self.queue.clear()
         for slot in self.slots:
             self._free(slot)
-        self.executor.close()
 
 
 def decode_many(

@@ -1,90 +1,119 @@
-"""The planner: which forward passes run a step's waiting requests, as plain data in and plain data out
-(vLLM's scheduler hands its executor a plan the same way; adafuse/engine/executor.py runs it).
+"""The planner: which forward passes run a step's waiting requests, as plain data in and plain data out (vLLM's
+scheduler hands its executor a plan the same way; adafuse/engine/executor.py runs it).
 
-A request is described by its `RequestShape` (no model, no tensor): the example's slot, the weights it runs
-on, whether it is a prompt to read, its rows, its cache length and width. `plan_passes` groups the requests
-into passes in slot order: the prompts first, each a pass of its own, then one merged pass per weights, cut
-where a pass would not fit the memory budget (`pass_bytes`). Exact, a prompt joins its weights' merged pass
-instead, after its shared prefix. One request that cannot fit even alone is `BatchMemoryError`, raised while
-planning, before any pass of the step runs.
+A request is described by its `RequestShape` (no model, no tensor: `shape_of` reads it off the request): its
+place in the step's row order, the weights it runs on, whether it is a prompt and whether that prompt's shared
+prefix must be read first, its rows, its cache length and width. `plan_step` turns the shapes into `PassPlan`s:
+
+1. "prefix": each shared prompt prefix that no earlier step stored, read once (in a pass of its own, from
+   nothing, so a prompt's numbers never depend on which prompts came before it), for every prompt of the step
+   that starts with it;
+2. "prompt": each prompt without a shared prefix, read whole from nothing, alone;
+3. "merged" / "alone": everything else, per weights, in place order: the requests that may share a pass (their
+   weights split attention per request and they read after a cache) in passes cut where one would not fit the
+   memory budget (`pass_bytes`), one pass of their own each otherwise. A prompt with a prefix reads its tail
+   after it here, beside the other examples' steps.
+
+One request that cannot fit even alone is `BatchMemoryError`, raised while planning, before any pass runs.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import psutil
-import torch
-
 from adafuse.errors import BatchMemoryError
+from adafuse.member.passes import Forward, ReadPrompt
+
+PREFIX, PROMPT, MERGED, ALONE = "prefix", "prompt", "merged", "alone"
 
 
 @dataclass(frozen=True)
 class RequestShape:
-    """What the planner reads of a waiting request (plain data: `plan_passes` needs no model)."""
+    """What the planner reads of a waiting request (plain data: `plan_step` needs no model)."""
 
-    slot: int  # its place in a pass's row order: its example's slot, then its place among the example's requests
-    model: str  # the member's name
+    place: int  # its place in the step's row order: its example's slot, then its place among the example's requests
+    model: str  # the model's name
     weights: int  # which weights it runs on: only requests to the same weights share a pass
-    prompt: bool  # a prompt to read (`ReadPrompt`): a pass of its own, or in a merged pass (`plan_passes`)
-    mergeable: bool  # the request itself may share a pass (a pass after an empty cache runs alone)
+    prompt: bool  # a prompt to read (`ReadPrompt`)
+    prefix: tuple[int, ...] | None  # a prompt's shared prefix that is not stored yet: read first, once
+    mergeable: bool  # it may share a pass: its weights split attention per request and it reads after a cache
     rows: int
-    cached: int  # tokens in its cache
-    width: int  # tokens it reads
+    cached: int  # positions before the ids it reads (a prompt: its shared prefix)
+    width: int  # ids it reads
     last_only: bool  # it needs the logits of its last position alone
-    kv_bytes_per_token: int
+    kv_bytes_per_token: int  # over all layers
+    layers: int
     vocab_size: int
 
 
 @dataclass(frozen=True)
 class PassPlan:
-    """One forward pass to run: "prompt" (one prompt read), "alone" (one request's pass) or "merged"
-    (several requests' rows in one pass), and its requests' slots in row order."""
+    """One forward pass to run: its kind (PREFIX, PROMPT, MERGED or ALONE) and its requests' places in row
+    order (a PREFIX pass: the first prompt that asked for the prefix)."""
 
     kind: str
-    slots: tuple[int, ...]
+    places: tuple[int, ...]
 
 
-def plan_passes(
-    requests: list[RequestShape],
-    merges: Callable[[RequestShape], bool],
-    memory_budget: int,
-    merge_prompts: bool = False,
-) -> list[PassPlan]:
-    """The passes that run a round's waiting requests, in the order to run them; everything in slot order.
+def shape_of(place: int, request: Forward | ReadPrompt) -> RequestShape:
+    """The planner's view of a request: read off its runner and cache, and the runner's store of prefixes."""
+    runner = request.runner
+    common = {
+        "place": place,
+        "model": runner.name,
+        "weights": id(runner),
+        "kv_bytes_per_token": runner.kv_bytes_per_token,
+        "layers": runner.layers,
+        "vocab_size": runner.vocab_size,
+    }
+    if isinstance(request, ReadPrompt):
+        prefix = tuple(request.ids[: request.shared])
+        stored = not prefix or runner.prompts.get(list(prefix)) is not None
+        return RequestShape(
+            **common,
+            prompt=True,
+            prefix=None if stored else prefix,
+            mergeable=bool(prefix) and runner.prepared.splits_attention,
+            rows=1,
+            cached=len(prefix),
+            width=len(request.ids) - len(prefix),
+            last_only=True,
+        )
+    cached = request.cache.get_seq_length()
+    return RequestShape(
+        **common,
+        prompt=False,
+        prefix=None,
+        mergeable=cached > 0 and runner.prepared.splits_attention,
+        rows=request.input_ids.shape[0],
+        cached=cached,
+        width=request.input_ids.shape[1],
+        last_only=request.last_only,
+    )
 
-    The prompts come first, one pass each. The rest are grouped by weights and
-    by whether they may share a pass (a request that may, on weights that `merges`: asked once per
-    such request, in slot order); a group that merges is cut into chunks whose pass fits
-    `memory_budget` (`pass_bytes`), any other runs one request per pass.
 
-    `merge_prompts` (exact passes, where a request's numbers do not depend on its pass): every prompt joins its
-    weights' merged passes, where it reads its tail after its shared prefix beside the other examples' steps.
-    """
-    ordered = sorted(requests, key=lambda r: r.slot)
-    prompts = [r for r in ordered if r.prompt]
-    joining = {r.slot for r in prompts if merge_prompts and merges(r)}
-    plans = [PassPlan("prompt", (r.slot,)) for r in prompts if r.slot not in joining]
+def plan_step(shapes: list[RequestShape], memory_budget: Callable[[int], int]) -> list[PassPlan]:
+    """The passes that run a step's requests, in the order to run them (module docstring); `memory_budget(weights)`
+    is the bytes one pass on those weights may take."""
+    ordered = sorted(shapes, key=lambda r: r.place)
+    plans, prefixes = [], set()
+    for r in ordered:
+        if r.prefix is not None and (r.weights, r.prefix) not in prefixes:
+            prefixes.add((r.weights, r.prefix))
+            plans.append(PassPlan(PREFIX, (r.place,)))
+    plans += [PassPlan(PROMPT, (r.place,)) for r in ordered if r.prompt and not r.cached]
     groups: dict[tuple[int, bool], list[RequestShape]] = {}
     for r in ordered:
-        if r.slot in joining:
-            groups.setdefault((r.weights, True), []).append(r)
-        elif not r.prompt:
-            groups.setdefault((r.weights, r.mergeable and merges(r)), []).append(r)
-    for (_, mergeable), group in groups.items():
-        chunks = memory_chunks(group, memory_budget) if mergeable else [[r] for r in group]
-        plans += [PassPlan(_kind(chunk), tuple(r.slot for r in chunk)) for chunk in chunks]
+        if not (r.prompt and not r.cached):
+            groups.setdefault((r.weights, r.mergeable), []).append(r)
+    for (weights, mergeable), group in groups.items():
+        chunks = memory_chunks(group, memory_budget(weights)) if mergeable else [[r] for r in group]
+        plans += [PassPlan(MERGED if len(chunk) > 1 else ALONE, tuple(r.place for r in chunk)) for chunk in chunks]
     return plans
 
 
-def _kind(chunk: list[RequestShape]) -> str:
-    if len(chunk) > 1:
-        return "merged"
-    return "prompt" if chunk[0].prompt else "alone"
-
-
 def memory_chunks(group: list[RequestShape], memory_budget: int) -> list[list[RequestShape]]:
-    """Split a group so that one merged pass (padded cache copies + logits) fits `memory_budget`;
-    each chunk keeps the group's order. Raises `BatchMemoryError` for a request that cannot fit alone."""
+    """Split a group so that each merged pass fits `memory_budget` (`pass_bytes`); each chunk keeps the group's
+    order. Raises `BatchMemoryError` for a request that cannot fit alone."""
     chunks, current = [], []
     for r in group:
         if current and pass_bytes(current + [r]) > memory_budget:
@@ -100,19 +129,13 @@ def memory_chunks(group: list[RequestShape], memory_budget: int) -> list[list[Re
 
 
 def pass_bytes(requests: list[RequestShape]) -> int:
-    """About the memory a merged pass takes: the padded cache, the copies its requests take back, and the logits
-    (made at each request's own positions: a prompt's long tail does not widen the others')."""
-    longest = max(r.cached for r in requests)
-    width = max(r.width for r in requests)
-    return sum(
-        r.rows * (2 * (longest + width) * r.kv_bytes_per_token + (1 if r.last_only else r.width) * r.vocab_size * 8)
-        for r in requests
-    )
-
-
-def available_memory() -> int:
-    """Most bytes a pass may take: 80% of what is free now, on the GPU if there is one."""
-    if torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info()
-        return int(free * 0.8)
-    return int(psutil.virtual_memory().available * 0.8)
+    """About the memory a pass takes beyond what its requests' contexts hold: the new positions' keys and values
+    (kept), one layer's whole keys and values of each request at a time (its attention's input, dropped after
+    it: adafuse/member/cache.py), and float32 logits with their log-softmax where they are read."""
+    total = 0
+    for r in requests:
+        new_kv = r.rows * r.width * r.kv_bytes_per_token
+        attention = r.rows * (r.cached + r.width) * r.kv_bytes_per_token // max(r.layers, 1)
+        logits = r.rows * (1 if r.last_only else r.width) * r.vocab_size * 8
+        total += new_kv + attention + logits
+    return total

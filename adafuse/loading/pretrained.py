@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
-from adafuse.backend import shared_gguf_reader
 from adafuse.config import ModelConfig, default_cache_dir
 from adafuse.errors import ConfigError, ModelFileError
 from adafuse.loading.bundled import BUNDLES
+from adafuse.loading.gguf import shared_gguf_reader
 
 log = logging.getLogger(__name__)
 

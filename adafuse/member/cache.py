@@ -1,61 +1,258 @@
-"""KV-cache mechanics under a member's context (adafuse/member/context.py): caches derived as views that grow in
-place, and the shared prompt prefixes a member's clones read once (`PromptStore`).
+"""The KV cache under a member's context (adafuse/member/context.py): a context's own positions, forks that
+read them in place, and the prompt prefixes a model's examples share (`PromptStore`).
+
+A context owns one buffer per layer (`KVBuffer`, rows x heads x capacity x head_dim) and holds the first
+`length` positions of it (`ContextLayer`). A pass appends after them: in place when the context's end is the
+buffer's end (its `filled` positions), else into a new buffer of the context's own (a context cut back, or
+one whose buffer another context has already grown past). So a view of a buffer's positions is never written:
+every write goes past `filled`, which no view covers.
+
+A fork (`ForkLayer`: branch rows, candidates to score, a beam) continues a context's first `upto` positions
+with positions of its own, in a small buffer of its own: it reads the context's positions in place and never
+copies them. Attention needs each row's positions as one tensor: a fork layer makes it when a pass asks for it
+(the shared positions expanded over the rows, then the row's own) and lets it go after that layer's attention,
+so one fork layer's whole view exists at a time, not one per row per layer for the length of a round. The
+attention's inputs are the same values either way, and so are its bits (docs/speed.md, "Memory").
+
+Committing a fork's row (`commit_row`) appends that row's own positions to the context it forked: in place, so
+a round copies only its new positions. All layers are full-length, also for sliding-window models (Gemma 3):
+the model applies its window through the attention mask, and a full layer can be cut back anywhere, which a
+rejected word needs (transformers' sliding layers refuse once the window is full).
+
+Every buffer is charged to its model's `KVLedger` while it lives: the bytes of KV a model's contexts hold now
+and at most (adafuse/engine/executor.py reports them per example in flight).
 """
+
+import weakref
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 
-def derive_cache(cache: DynamicCache, view) -> DynamicCache:
-    """A new cache whose every key and value tensor, shape (batch, heads, length, head_dim), is `view(tensor)`.
+class KVLedger:
+    """The bytes of KV one model's buffers hold now (`held`) and at most since `restart` (`peak`)."""
 
-    Views (slices, expand) copy nothing; the first forward pass that reads after them copies them once
-    into a buffer of the cache's own (`GrowingLayer`).
+    def __init__(self):
+        self.held = 0
+        self.peak = 0
 
-    All layers are full-length, also for sliding-window models (Gemma 3): the model still applies its
-    window through the attention mask, and a full layer can be cropped anywhere, which rolling back a
-    rejected word needs (a sliding layer refuses once the window is full).
-    """
-    derived = DynamicCache()
-    for source in cache.layers:
-        derived.layers.append(GrowingLayer(view(source.keys), view(source.values)))
-    return derived
+    def charge(self, buffer: "KVBuffer") -> None:
+        size = buffer.keys.nbytes + buffer.values.nbytes
+        self.held += size
+        self.peak = max(self.peak, self.held)
+        weakref.finalize(buffer, self._release, size)
+
+    def _release(self, size: int) -> None:
+        self.held -= size
+
+    def restart(self) -> int:
+        """The peak since the last restart; the next peak counts from what is held now."""
+        peak, self.peak = self.peak, self.held
+        return peak
 
 
-class GrowingLayer(DynamicLayer):
-    """A cache layer that grows in place: new keys and values are written into a buffer with room after the
-    filled positions (`DynamicLayer.update` concatenates, copying the whole layer at every pass; a fork
-    of three rows read word by word copied its prompt's keys at every step). `keys` and `values` are
-    views of the filled positions.
+class KVBuffer:
+    """One layer's keys and values for some rows, (rows, heads, capacity, head_dim), of which the first `filled`
+    positions are written. `frozen`: never written in place (a stored prompt prefix, which every example reads)."""
 
-    Writing in place is safe because a write only ever goes past the filled positions, which no view
-    handed out covers: views of this layer (a fork, a row, a stored prompt) are made of its filled
-    positions. Where `keys` is not the view this layer last filled (it was given views of another's
-    tensors, or cropped, or replaced), the next update first copies it into a new buffer of its own."""
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int, ledger: KVLedger, frozen: bool = False):
+        self.keys, self.values, self.filled, self.ledger, self.frozen = keys, values, filled, ledger, frozen
+        ledger.charge(self)
+
+    @classmethod
+    @torch.inference_mode()
+    def empty(cls, like: "KVBuffer", rows: int, capacity: int) -> "KVBuffer":
+        k, v = like.keys, like.values
+        keys = k.new_empty((rows, k.shape[1], capacity, k.shape[3]))
+        values = v.new_empty((rows, v.shape[1], capacity, v.shape[3]))
+        return cls(keys, values, 0, like.ledger)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    @torch.inference_mode()  # a pass's keys are inference tensors; a commit or a fork writes them outside one
+    def write(self, at: int, keys: torch.Tensor, values: torch.Tensor, rows=slice(None)) -> None:
+        end = at + keys.shape[2]
+        self.keys[rows, :, at:end] = keys
+        self.values[rows, :, at:end] = values
+        self.filled = max(self.filled, end)
+
+
+def _append(buffer: KVBuffer, length: int, keys: torch.Tensor, values: torch.Tensor, room: int) -> KVBuffer:
+    """`keys` and `values` written after the first `length` positions of `buffer`: in place where `length` is its
+    end and it has room, else into a new buffer (the first `length` positions copied, `room` more after the new
+    ones). The buffer that holds them."""
+    end = length + keys.shape[2]
+    if buffer.frozen or buffer.filled != length or end > buffer.capacity:
+        grown = KVBuffer.empty(buffer, buffer.keys.shape[0], end + room)
+        if length:
+            grown.write(0, buffer.keys[:, :, :length], buffer.values[:, :, :length])
+        buffer = grown
+    buffer.write(length, keys, values)
+    return buffer
+
+
+class ContextLayer(DynamicLayer):
+    """One layer of a context: the first `length` positions of a buffer; `keys` and `values` are their views."""
 
     ROOM = 64  # positions of room a new buffer gets after what it must hold
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+    def __init__(self, buffer: KVBuffer, length: int):
         super().__init__()
-        self.lazy_initialization(keys, values)
-        self.keys, self.values = keys, values
-        self._filled: torch.Tensor | None = None  # the keys view of our own buffer, as last filled
+        self.is_initialized = True
+        self.device, self.dtype = buffer.keys.device, buffer.keys.dtype
+        self._hold(buffer, length)
+
+    def _hold(self, buffer: KVBuffer, length: int) -> None:
+        self.buffer, self.length = buffer, length
+        self.keys, self.values = buffer.keys[:, :, :length], buffer.values[:, :, :length]
+
+    def get_seq_length(self) -> int:
+        return self.length
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        length = self.keys.shape[-2]
-        end = length + key_states.shape[-2]
-        if self.keys is not self._filled or end > self._key_buffer.shape[-2]:
-            shape = (*self.keys.shape[:2], end + self.ROOM, self.keys.shape[-1])
-            self._key_buffer = self.keys.new_empty(shape)
-            self._value_buffer = self.values.new_empty((*shape[:3], self.values.shape[-1]))
-            self._key_buffer[:, :, :length] = self.keys
-            self._value_buffer[:, :, :length] = self.values
-        self._key_buffer[:, :, length:end] = key_states
-        self._value_buffer[:, :, length:end] = value_states
-        self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
-        self._filled = self.keys
+        end = self.length + key_states.shape[2]
+        self._hold(_append(self.buffer, self.length, key_states, value_states, self.ROOM), end)
         return self.keys, self.values
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Keep all but the last `-tokens_to_remove` positions (transformers' convention); the next write copies
+        them into a buffer of the context's own, as the buffer is filled past them."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of positions to remove, not {tokens_to_remove}")
+        self._hold(self.buffer, max(0, self.length + tokens_to_remove))
+
+
+class ForkLayer(DynamicLayer):
+    """One layer of `rows` rows that continue the first `upto` positions of a context's buffer (read in place,
+    never copied), each with `own_length` positions of its own after them (the fork's own buffer). A pass gets
+    every row's whole keys and values, made for it (`whole`); `keys` and `values` make them too, when read."""
+
+    ROOM = 16  # a fork grows a few tokens at a time, in every one of its rows
+
+    def __init__(self, base: KVBuffer, upto: int, rows: int, own: KVBuffer | None = None, own_length: int = 0):
+        super().__init__()
+        self.is_initialized = True
+        self.device, self.dtype = base.keys.device, base.keys.dtype
+        self.base, self.upto, self.rows, self.own, self.own_length = base, upto, rows, own, own_length
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self.whole()[0] if self.is_initialized else None
+
+    @keys.setter
+    def keys(self, value) -> None:
+        if value is not None:  # the mixin's __init__ sets None; nothing else may set them
+            raise AttributeError("a fork's keys are made from its context's and its own: they cannot be set")
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self.whole()[1] if self.is_initialized else None
+
+    @values.setter
+    def values(self, value) -> None:
+        if value is not None:
+            raise AttributeError("a fork's values are made from its context's and its own: they cannot be set")
+
+    def get_seq_length(self) -> int:
+        return self.upto + self.own_length
+
+    def whole(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's keys and values, (rows, heads, upto + own_length, head_dim): a new tensor each."""
+        parts = []
+        for shared, own in (
+            (self.base.keys, None if self.own is None else self.own.keys),
+            (self.base.values, None if self.own is None else self.own.values),
+        ):
+            shared = shared[:1, :, : self.upto].expand(self.rows, -1, -1, -1)
+            parts.append(shared if not self.own_length else torch.cat([shared, own[:, :, : self.own_length]], dim=2))
+        return parts[0], parts[1]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self.own is None:
+            self.own = KVBuffer.empty(self.base, self.rows, key_states.shape[2] + self.ROOM)
+        self.own = _append(self.own, self.own_length, key_states, value_states, self.ROOM)
+        self.own_length += key_states.shape[2]
+        return self.whole()
+
+    def of_rows(self, rows: list[int]) -> "ForkLayer":
+        """A fork of the given rows, in that order, over the same context positions (their own copied)."""
+        if self.own is None or not self.own_length:
+            return ForkLayer(self.base, self.upto, len(rows))
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        own = KVBuffer.empty(self.own, len(rows), self.own_length + self.ROOM)
+        own.write(0, self.own.keys[index, :, : self.own_length], self.own.values[index, :, : self.own_length])
+        return ForkLayer(self.base, self.upto, len(rows), own, self.own_length)
+
+    def continued(self, row: int, end: int, rows: int) -> "ForkLayer":
+        """`rows` rows that each continue row `row` up to position `end` (its real tokens)."""
+        length = end - self.upto
+        if not length:
+            return ForkLayer(self.base, self.upto, rows)
+        own = KVBuffer.empty(self.own, rows, length + self.ROOM)
+        keys, values = self.own.keys[row : row + 1, :, :length], self.own.values[row : row + 1, :, :length]
+        own.write(0, keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1))
+        return ForkLayer(self.base, self.upto, rows, own, length)
+
+    def committed(self, row: int, end: int) -> ContextLayer:
+        """The context that row `row` makes up to position `end`: the forked context's first `upto` positions
+        and the row's own after them, appended in place where that context's buffer ends at `upto`."""
+        length = end - self.upto
+        context = ContextLayer(self.base, self.upto)
+        if length:
+            context.update(self.own.keys[row : row + 1, :, :length], self.own.values[row : row + 1, :, :length])
+        return context
+
+
+def context_cache(cache: DynamicCache, ledger: KVLedger, frozen: bool = False) -> DynamicCache:
+    """A cache the model filled from nothing (transformers' own layers), as a context's: each layer's tensors
+    become its buffer, charged to `ledger` (no copy). `frozen`: never written in place (a stored prefix)."""
+    layers = []
+    for layer in cache.layers:
+        buffer = KVBuffer(layer.keys, layer.values, layer.keys.shape[2], ledger, frozen)
+        layers.append(ContextLayer(buffer, buffer.filled))
+    return _cache(layers)
+
+
+def view_cache(cache: DynamicCache, length: int | None = None) -> DynamicCache:
+    """A cache of its own over the same buffers: a context's first `length` positions (default: all of them),
+    or a fork's rows as they are. Writing after them copies, unless they end where their buffer does."""
+    layers = []
+    for layer in cache.layers:
+        if isinstance(layer, ForkLayer):
+            if length is not None:
+                raise ValueError("a fork is viewed whole")
+            layers.append(ForkLayer(layer.base, layer.upto, layer.rows, layer.own, layer.own_length))
+        else:
+            layers.append(ContextLayer(layer.buffer, layer.length if length is None else length))
+    return _cache(layers)
+
+
+def fork_cache(cache: DynamicCache, rows: int, upto: int) -> DynamicCache:
+    """`rows` rows that continue a context's first `upto` positions, which they read in place."""
+    return _cache([ForkLayer(layer.buffer, upto, rows) for layer in cache.layers])
+
+
+def select_rows(fork: DynamicCache, rows: list[int]) -> DynamicCache:
+    return _cache([layer.of_rows(rows) for layer in fork.layers])
+
+
+def continue_row(fork: DynamicCache, row: int, end: int, rows: int) -> DynamicCache:
+    """`rows` rows that continue a fork's row up to position `end` (`ForkLayer.continued`)."""
+    return _cache([layer.continued(row, end, rows) for layer in fork.layers])
+
+
+def commit_row(fork: DynamicCache, row: int, end: int) -> DynamicCache:
+    """The context that a fork's row makes up to position `end` (`ForkLayer.committed`)."""
+    return _cache([layer.committed(row, end) for layer in fork.layers])
+
+
+def _cache(layers: list) -> DynamicCache:
+    cache = DynamicCache()
+    cache.layers.extend(layers)
+    return cache
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -74,10 +271,10 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class PromptStore:
-    """The KV of the shared prompt prefixes (a task's instruction and exemplars: `Member.prompt_reading`) that
-    a member's clones read, shared by the clones: a prefix is read once, not once per example or slot. Four,
-    the last used kept: examples of two or three tasks in flight at once (a mixed queue, as the benchmark's)
-    each keep their task's prefix. A stored cache is only ever read (its users get views of it)."""
+    """The KV of the shared prompt prefixes (a task's instruction and exemplars) that a model's examples read, one
+    store per model (adafuse/member/runner.py): a prefix is read once, not once per example or slot. Four, the
+    last used kept: examples of two or three tasks in flight at once (a mixed queue, as the benchmark's) each
+    keep their task's prefix. A stored cache is frozen: its readers copy it before they write after it."""
 
     def __init__(self, size: int = 4):
         self.entries: list[tuple[list[int], DynamicCache]] = []

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from adafuse.member.cache import common_prefix, derive_cache
+from adafuse.member.cache import commit_row, common_prefix, continue_row, fork_cache, select_rows, view_cache
 
 
 @dataclass
@@ -31,13 +31,13 @@ class Context:
         return self.ids[self.prompt_len :]
 
     def snapshot(self) -> "Context":
-        """This context as it is now, kept while the context goes on: its cache's own views of the positions
-        filled now, which later passes never write (they grow the cache past them, adafuse/member/cache.py)."""
-        return replace(self, cache=derive_cache(self.cache, lambda t: t))
+        """This context as it is now, kept while the context goes on: a view of the positions it holds now,
+        which later passes never write (they write past them, adafuse/member/cache.py)."""
+        return replace(self, cache=view_cache(self.cache))
 
     def forked_cache(self, n: int, upto: int) -> DynamicCache:
-        """n rows of views of the cache's first `upto` positions (copied by the first pass that reads after them)."""
-        return derive_cache(self.cache, lambda t: t[:, :, :upto].expand(n, -1, -1, -1))
+        """n rows that continue the cache's first `upto` positions, read in place (adafuse/member/cache.py)."""
+        return fork_cache(self.cache, n, upto)
 
     def committed(self, ids: list[int], cache: DynamicCache, logprobs: torch.Tensor, anchor: int) -> "Context":
         """This context moved to `ids` (whose KV `cache` holds): a cut-back into the prompt makes the merged
@@ -90,8 +90,7 @@ class Rows:
 
     def select(self, rows: list[int]) -> "Rows":
         """New rows that copy the given rows, in that order (beam search); this object stays as it was."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.member.device)  # may be empty
-        chosen = Rows(self.member, self.prefix, derive_cache(self.cache, lambda t: t[index]), 0, None)
+        chosen = Rows(self.member, self.prefix, select_rows(self.cache, rows), 0, None)
         chosen.tokens = [self.tokens[r] for r in rows]
         chosen.last = [self.last[r] for r in rows]
         chosen.width = self.width
@@ -99,9 +98,8 @@ class Rows:
 
     def fork(self, row: int, n: int) -> "Rows":
         """n new rows that continue row `row` (its real tokens, not its padding)."""
-        end = len(self.prefix) + len(self.tokens[row])
-        view = derive_cache(self.cache, lambda t: t[row : row + 1, :, :end].expand(n, -1, -1, -1))
-        return Rows(self.member, self.prefix + self.tokens[row], view, n, self.last[row])
+        continued = continue_row(self.cache, row, len(self.prefix) + len(self.tokens[row]), n)
+        return Rows(self.member, self.prefix + self.tokens[row], continued, n, self.last[row])
 
     def truncate(self, row: int, length: int, last: torch.Tensor) -> None:
         """Row `row` keeps its first `length` tokens after the prefix; `last` is the distribution after them.
@@ -112,8 +110,8 @@ class Rows:
         self.last[row] = last
 
     def cache_of_row(self, row: int) -> DynamicCache:
-        end = len(self.prefix) + len(self.tokens[row])
-        return derive_cache(self.cache, lambda t: t[row : row + 1, :, :end])
+        """The context that row `row` makes (its real tokens after the prefix; adafuse/member/cache.py `commit_row`)."""
+        return commit_row(self.cache, row, len(self.prefix) + len(self.tokens[row]))
 
 
 class Steps:

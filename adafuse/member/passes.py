@@ -2,8 +2,9 @@
 
 A method is per-example code in the order of its paper, written as a generator: where it needs a forward
 pass it yields a request and receives the pass's result, `logits = yield Forward(...)`; helpers pass them on
-with `yield from`. It never runs a model itself. The engine (adafuse/engine/loop.py) collects what every example
-in flight waits on, plans the passes, runs them (adafuse/engine/executor.py) and hands each example its results.
+with `yield from`. It never runs a model itself. A request is plain data: the weights (a runner), the context
+it reads after and the ids to read. The engine (adafuse/engine/) collects what every example in flight waits
+on, plans the passes, has the backend run them and hands each example its results.
 
 A program may yield one request or a list of them; a list is answered with the list of their results, in
 order. "Both models at once" is one list: `together` runs several programs in lockstep, so that an example's
@@ -22,17 +23,18 @@ Program = Generator[Any, Any, Any]  # yields Forward / ReadPrompt (or lists of t
 
 @dataclass(eq=False)
 class Forward:
-    """Read `input_ids` (rows, width) after `cache` (which grows by them) with `member`'s weights: the logits
+    """Read `input_ids` (rows, width) after `cache` (which grows by them) with `runner`'s weights: the logits
     in float32, (rows, width, vocab); with `lengths` (row i's real ids, the rest right padding, never
     computed) packed, (sum(lengths), vocab); with `last_only`, the last position's alone. With `logprobs`,
-    the member's log-softmax of them (its control tokens masked where its context masks them)."""
+    their log-softmax, the ids of `masked` at -inf (the member's control tokens, where its context masks them)."""
 
-    member: Any  # adafuse.member.member.Member
-    cache: Any  # transformers' DynamicCache
+    runner: Any  # adafuse.member.runner.Runner: whose weights
+    cache: Any  # the context or fork it reads after (a DynamicCache of adafuse/member/cache.py's layers)
     input_ids: torch.Tensor
     last_only: bool = False
     lengths: list[int] | None = None
     logprobs: bool = False
+    masked: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -41,11 +43,11 @@ class Forward:
 
 @dataclass(eq=False)
 class ReadPrompt:
-    """Read a prompt's `ids` from nothing with `member`'s weights, its first `shared` ids (its declared shared
-    prefix) as a stored prefix (adafuse/member/member.py `Member.prompt_reading`): the cache that then holds all of
-    them, and the last position's logits, (1, 1, vocab)."""
+    """Read a prompt's `ids` from nothing with `runner`'s weights, its first `shared` ids (its declared shared
+    prefix, adafuse/member/member.py `Member.shared_length`) from the runner's store of prefixes, read once
+    for all the prompts that share them: the prompt's context cache, and its last position's logits (1, 1, vocab)."""
 
-    member: Any
+    runner: Any
     ids: list[int]
     shared: int = 0
 

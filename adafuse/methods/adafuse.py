@@ -195,7 +195,7 @@ def proposing(m, cfg: AdaFuseConfig, round_idx: int, ending: "RoundEnd | None"):
                 branches = yield from exploring(m, rows, words, logprobs, cfg, ending)
                 round_ = ModelRound(margins, [w.text for w in words], branched=True)
                 return [Proposal(words + [w], r, i) for w, (r, i) in branches], round_
-        first = [m.tokens.choose(logprobs)]
+        first = [m.tokenisation.tokens.choose(logprobs)]
         # every candidate of this model goes on from this word: its text settling is theirs settling
         (word,) = yield from complete_words(m, rows, first, logprobs, words, cfg.max_word_tokens, ending, False)
         words.append(word)
@@ -211,7 +211,7 @@ def exploring(m, rows: Rows, words: list[Word], logprobs: torch.Tensor, cfg: Ada
     words)."""
     if cfg.diversity or cfg.branches == 1:
         # distinct first tokens, by probability, each one that can start a character
-        firsts = m.tokens.restrict(logprobs).topk(cfg.branches).indices.tolist()
+        firsts = m.tokenisation.tokens.restrict(logprobs).topk(cfg.branches).indices.tolist()
         fork = rows.fork(0, len(firsts))
         completed = yield from complete_words(m, fork, firsts, logprobs, words, cfg.max_word_tokens, ending, True)
         return [(w, (fork, i)) for i, w in enumerate(completed)]
@@ -235,14 +235,14 @@ def beam_words(m, rows: Rows, before: list[Word], logprobs: torch.Tensor, cfg: A
     while live:
         expansions = []
         for h, (ids, _, score, dists) in enumerate(live):
-            top = m.tokens.restrict(dists[-1], m.tokens.pending(ids)).topk(B)
+            top = m.tokenisation.tokens.restrict(dists[-1], m.tokenisation.tokens.pending(ids)).topk(B)
             expansions += [(score + lp, h, t) for lp, t in zip(top.values.tolist(), top.indices.tolist())]
         expansions.sort(key=lambda e: -e[0])
         ended, grown = set(), []
         for total, h, t in expansions:
             ids, lps, score, dists = live[h]
             text = m.text_of(ids, context)
-            at_eos = t in m.eos_ids
+            at_eos = t in m.tokenisation.eos_ids
             boundary = at_eos or ids and is_word_complete(text, m.text_of([t], context + ids), False)
             if boundary and h not in ended:
                 ended.add(h)

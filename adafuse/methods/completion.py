@@ -63,7 +63,7 @@ def complete_words(
     feed = [[t] for t in firsts]
     texts: list[str] = [""] * len(firsts)  # texts[i]: the text of ids[i], its last token not read yet
     for i, t in enumerate(firsts):
-        if t in m.eos_ids:  # end-of-sequence as the first token: the empty word, flagged eos
+        if t in m.tokenisation.eos_ids:  # end-of-sequence as the first token: the empty word, flagged eos
             words[i], feed[i] = Word([], [], "", True, logprobs), []
     while any(feed):
         for i, fed in enumerate(feed):
@@ -86,9 +86,9 @@ def complete_words(
                 continue
             dist = step[i, 0]
             dists[i].append(dist)
-            nxt = m.tokens.choose(dist, m.tokens.pending(ids[i]))
+            nxt = m.tokenisation.tokens.choose(dist, m.tokenisation.tokens.pending(ids[i]))
             text = texts[i]
-            at_eos = nxt in m.eos_ids
+            at_eos = nxt in m.tokenisation.eos_ids
             next_text = None if at_eos or ends_inside_char(text) else m.text_of([nxt], context + ids[i])
             capped = len(ids[i]) >= max_tokens and not ends_inside_char(text)
             if capped or is_word_complete(text, next_text, at_eos):

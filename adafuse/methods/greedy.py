@@ -41,12 +41,12 @@ def decode(s: Session, cfg: SingleConfig):
     generated: list[int] = []
     while not s.done:
         token = int(m.logprobs.argmax())
-        if token in m.eos_ids:
+        if token in m.tokenisation.eos_ids:
             s.add("", eos=True)
             break
         generated.append(token)
         # Decode the whole output each step: a lone token may hold part of a multi-byte character.
-        shown = m.text_of([t for t in generated if t not in m.control_ids], prompt_ids)
+        shown = m.text_of([t for t in generated if t not in m.tokenisation.control_ids], prompt_ids)
         new = "" if ends_inside_char(shown) else shown[len(s.text) :]
         if s.tracing:
             s.log(GreedyStep(token, m.logprobs[token].item(), new))

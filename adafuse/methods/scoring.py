@@ -14,7 +14,8 @@ distribution (control tokens not masked): a string's probability under the model
 
 The context is read once per member (its text through its last blank line, the exemplars that few-shot
 contexts share, once for all of them: `shared_length`) and its KV cache is shared by every continuation
-scored after it.
+scored after it. Scoring is a program like a decode (adafuse/member/passes.py): the engine steps it beside the
+examples in flight, so a server scoring a long text never stalls the completions decoding meanwhile.
 """
 
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from adafuse.errors import ContextLengthError
 from adafuse.member.cache import common_prefix
 from adafuse.member.context import Context
 from adafuse.member.member import Member
+from adafuse.member.passes import ReadPrompt, together
 from adafuse.methods.session import through_last_blank_line
 
 # Continuation positions read per forward pass: the log-softmax of a pass is (rows, positions, vocabulary)
@@ -45,8 +47,8 @@ class Likelihood:
 
 def _encode(member: Member, text: str) -> list[int]:
     """`text` with the tokenizer's default special tokens, unless it already starts with the BOS text (as `hf`)."""
-    bos = member.bos_token
-    return member.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
+    bos = member.tokenisation.bos_token
+    return member.tokenisation.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
 
 
 def shared_length(member: Member, context: str, ids: list[int]) -> int:
@@ -59,8 +61,8 @@ def shared_length(member: Member, context: str, ids: list[int]) -> int:
 def split_ids(member: Member, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """(context ids, continuation ids) in this member's tokenization, by lm_eval's `hf` rule (module doc)."""
     if context == "":
-        ids = member.encode(continuation, add_special_tokens=False)
-        prefix = member.sequence_start_id
+        ids = member.tokenisation.encode(continuation, add_special_tokens=False)
+        prefix = member.tokenisation.sequence_start_id
         return (ids[:1], ids[1:]) if ids and ids[0] == prefix else ([prefix], ids)
     spaces = len(context) - len(context.rstrip())
     if spaces:
@@ -69,18 +71,19 @@ def split_ids(member: Member, context: str, continuation: str) -> tuple[list[int
     return context_ids, _encode(member, context + continuation)[len(context_ids) :]
 
 
-def score_ids(
-    member: Member, context: list[int], continuations: Sequence[list[int]], shared: int = 0
-) -> list[tuple[float, bool]]:
-    """(log-probability, greedy) of each id list after `context`, whose KV all of them share; the context's
-    first `shared` ids are a prefix other contexts share (`Member.prompt_reading`)."""
+def score_ids(member: Member, context: list[int], continuations: Sequence[list[int]], shared: int = 0):
+    """(log-probability, greedy) of each id list after `context`, whose KV all of them share (a program); the
+    context's first `shared` ids are a prefix other contexts share (`Member.shared_length`)."""
     longest = max(len(c) for c in continuations)
-    if member.max_positions and len(context) + max(longest - 1, 0) > member.max_positions:
+    limit = member.runner.max_positions
+    if limit and len(context) + max(longest - 1, 0) > limit:
         raise ContextLengthError(
             f"model {member.name!r}: a context of {len(context)} tokens and a continuation of {longest} "
-            f"do not fit in the model's {member.max_positions} positions"
+            f"do not fit in the model's {limit} positions"
         )
-    after_context = torch.log_softmax(_read_context(member, context, shared)[0, -1].float(), dim=-1)
+    cache, logits = yield ReadPrompt(member.runner, list(context), shared)
+    member.context = Context(list(context), cache)
+    after_context = torch.log_softmax(logits[0, -1].float(), dim=-1)
     totals = [after_context[c[0]].item() if c else 0.0 for c in continuations]
     greedy = [not c or int(after_context.argmax()) == c[0] for c in continuations]
     # Each row reads its continuation but the last id (whose successor nobody asks for), right-padded:
@@ -91,7 +94,7 @@ def score_ids(
     for start in range(0, width, POSITIONS_PER_PASS):
         end = min(start + POSITIONS_PER_PASS, width)
         block = [(f + [0] * width)[start:end] for f in fed]
-        logits = member.forward_alone(rows.cache, torch.tensor(block, device=member.device))
+        logits = yield from member.forward(rows.cache, torch.tensor(block, device=member.device))
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         for row, ids in enumerate(continuations):
             targets = ids[start + 1 : end + 1]
@@ -104,15 +107,6 @@ def score_ids(
     return list(zip(totals, greedy))
 
 
-def _read_context(member: Member, ids: list[int], shared: int) -> torch.Tensor:
-    """Make `ids` the member's context, read as a prompt after its first `shared` ids (`Member.prompt_reading`):
-    the last position's logits. One context at a time, as lm_eval asks: no engine step to share."""
-    cache, tail, _ = member.prompt_reading(ids, shared)
-    logits = member.forward_alone(cache, tail, last_only=True)
-    member.context = Context(list(ids), Member.growing(cache))
-    return logits
-
-
 def _combine(per_member: list[list[tuple[float, bool]]]) -> list[Likelihood]:
     scores = []
     for values in zip(*per_member):
@@ -122,27 +116,30 @@ def _combine(per_member: list[list[tuple[float, bool]]]) -> list[Likelihood]:
     return scores
 
 
-def loglikelihood(members: list[Member], requests: Sequence[tuple[str, str]]) -> list[Likelihood]:
-    """The score of each (context, continuation), in input order; the continuations of one context share its KV."""
+def loglikelihood(members: list[Member], requests: Sequence[tuple[str, str]]):
+    """The score of each (context, continuation), in input order (a program: every member's passes in the same
+    engine steps); the continuations of one context share its KV."""
     by_context: dict[str, list[int]] = {}
     for i, (context, _) in enumerate(requests):
         by_context.setdefault(context, []).append(i)
-    per_member = []
-    for member in members:
-        values: list[tuple[float, bool] | None] = [None] * len(requests)
-        for context, indices in by_context.items():
-            # The context's ids are the same for every continuation unless the context is empty (then
-            # a continuation may start with the prefix id itself): group by the ids, not the text.
-            groups: dict[tuple[int, ...], list[tuple[int, list[int]]]] = {}
-            for i in indices:
-                context_ids, continuation_ids = split_ids(member, context, requests[i][1])
-                groups.setdefault(tuple(context_ids), []).append((i, continuation_ids))
-            for context_ids, group in groups.items():
-                shared = shared_length(member, context, list(context_ids))
-                for (i, _), value in zip(group, score_ids(member, list(context_ids), [c for _, c in group], shared)):
-                    values[i] = value
-        per_member.append(values)
-    return _combine(per_member)
+    return _combine((yield from together([_member_scores(m, requests, by_context) for m in members])))
+
+
+def _member_scores(member: Member, requests: Sequence[tuple[str, str]], by_context: dict[str, list[int]]):
+    values: list[tuple[float, bool] | None] = [None] * len(requests)
+    for context, indices in by_context.items():
+        # The context's ids are the same for every continuation unless the context is empty (then
+        # a continuation may start with the prefix id itself): group by the ids, not the text.
+        groups: dict[tuple[int, ...], list[tuple[int, list[int]]]] = {}
+        for i in indices:
+            context_ids, continuation_ids = split_ids(member, context, requests[i][1])
+            groups.setdefault(tuple(context_ids), []).append((i, continuation_ids))
+        for context_ids, group in groups.items():
+            shared = shared_length(member, context, list(context_ids))
+            scored = yield from score_ids(member, list(context_ids), [c for _, c in group], shared)
+            for (i, _), value in zip(group, scored):
+                values[i] = value
+    return values
 
 
 def rolling_windows(ids: list[int], prefix: int, width: int) -> list[tuple[list[int], list[int]]]:
@@ -156,19 +153,20 @@ def rolling_windows(ids: list[int], prefix: int, width: int) -> list[tuple[list[
     return windows
 
 
-def loglikelihood_rolling(members: list[Member], texts: Sequence[str]) -> list[Likelihood]:
+def loglikelihood_rolling(members: list[Member], texts: Sequence[str]):
     """Each text's log-probability from its first character (after the BOS, or EOS, id), in windows of
-    the member's context length; the text is encoded without special tokens."""
-    per_member = []
-    for member in members:
-        width = member.max_positions or 1 << 62
-        values = []
-        for text in texts:
-            ids = member.encode(text, add_special_tokens=False)
-            total, greedy = 0.0, True
-            for context, targets in rolling_windows(ids, member.sequence_start_id, width):
-                [(logprob, is_greedy)] = score_ids(member, context, [targets])
-                total, greedy = total + logprob, greedy and is_greedy
-            values.append((total, greedy))
-        per_member.append(values)
-    return _combine(per_member)
+    the member's context length; the text is encoded without special tokens (a program)."""
+    return _combine((yield from together([_member_rolling(m, texts) for m in members])))
+
+
+def _member_rolling(member: Member, texts: Sequence[str]):
+    width = member.runner.max_positions or 1 << 62
+    values = []
+    for text in texts:
+        ids = member.tokenisation.encode(text, add_special_tokens=False)
+        total, greedy = 0.0, True
+        for context, targets in rolling_windows(ids, member.tokenisation.sequence_start_id, width):
+            [(logprob, is_greedy)] = yield from score_ids(member, context, [targets])
+            total, greedy = total + logprob, greedy and is_greedy
+        values.append((total, greedy))
+    return values

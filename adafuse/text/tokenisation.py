@@ -29,6 +29,7 @@ class Tokenisation:
         self.eos_ids = self._eos_ids(generation_eos)
         self.control_ids = self._control_ids()
         self._control_index: dict[torch.device, torch.Tensor] = {}
+        self._prompts: dict[str, list[int]] = {}  # prompts and shared prefixes as read, each tokenised once
 
     def _eos_ids(self, generation_eos) -> frozenset[int]:
         """The tokenizer's eos id plus any in the generation config (spec §4)."""
@@ -80,9 +81,21 @@ class Tokenisation:
             add_special_tokens = not self.chat_template
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
+    PROMPTS_KEPT = 256  # the prompts in flight, queued and just checked, and their tasks' shared prefixes
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """`encode(text)` with the prompt's special tokens, kept: a prompt is checked to fit before it is queued,
+        then read, and its task's prefix is split off every prompt of the task; each is tokenised once."""
+        ids = self._prompts.get(text)
+        if ids is None:
+            if len(self._prompts) >= self.PROMPTS_KEPT:
+                self._prompts.clear()
+            ids = self._prompts[text] = self.encode(text)
+        return list(ids)
+
     def prompt_ids(self, prompt: str, reserve: int, max_positions: int | None) -> list[int]:
         """The prompt's ids; raises if they leave fewer than `reserve` of the model's `max_positions`."""
-        ids = self.encode(self.render(prompt))
+        ids = self.encode_prompt(self.render(prompt))
         if not ids:
             raise DataError(f"model {self.name!r}: the prompt encodes to no tokens (an empty prompt?)")
         if max_positions and len(ids) + reserve > max_positions:

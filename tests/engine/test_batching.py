@@ -13,17 +13,17 @@ import pytest
 import torch
 
 from adafuse import Ensemble, Job, Request, SingleConfig
-from adafuse.backend.invariance import PREFIX
-from adafuse.backend.split_pass import forward_together
+from adafuse.backend.attention import PREFIX
 from adafuse.config import ModelConfig
 from adafuse.engine.executor import Executor
 from adafuse.engine.loop import decode_many, drive
+from adafuse.engine.planner import MERGED
 from adafuse.ensemble import resolve_method
 from adafuse.errors import BatchMemoryError
 from adafuse.member.cache import PromptStore
 from adafuse.methods import METHODS
 from tools.paper_pair import NAMES
-from tools.testing import clone
+from tools.testing import clone, pass_alone, pass_merged
 
 pytestmark = pytest.mark.slow
 
@@ -68,10 +68,10 @@ def test_examples_that_start_together_read_the_few_shot_prefix_once(tiny, shared
     questions = ["who wrote hamlet", "where is the eiffel tower", "when did ww2 end", "what is the capital of peru"]
     requests = [Request(nq + f"\n\nQuestion: {q}\nAnswer:", max_new_tokens=3, prefix=nq + "\n\n") for q in questions]
     member = clone(tiny.members[0])
-    member.prompts = PromptStore()  # cold: nothing read before this batch
+    member.runner.prompts = PromptStore()  # cold: nothing read before this batch
     spec, cfg = resolve_method("single", {"member": 0})
     decoded = dict(decode_many([member], range(4), lambda slot, i: spec.generate(slot, requests[i], cfg), 4))
-    assert len(member.prompts.entries) == 1  # the prefix was read once...
+    assert len(member.runner.prompts.entries) == 1  # the prefix was read once...
     assert all(decoded[i].stats.tokens_fed[0] < 20 for i in range(4))  # ...and each example its question and answer
     for i, gen in decoded.items():
         assert gen.ids == tiny.decode(requests[i], method="single", member=0).ids
@@ -92,10 +92,13 @@ def assert_merged_equals_separate(member):
     drive(long.start("The quick brown fox jumps over the lazy dog. " * 20))
     rows_a, rows_b = short.fork(2), long.fork(1)
     inputs = [torch.tensor([[5, 6, 7], [8, 9, 10]]), torch.tensor([[11]])]
-    merged, resident = forward_together(member, [rows_a.cache, rows_b.cache], inputs)
-    assert resident is None  # forks' rows are copied out, never left as views of the merged cache
+    merged = pass_merged(member, [rows_a.cache, rows_b.cache], inputs)
+    for rows, context, width in [(rows_a, short, 3), (rows_b, long, 1)]:  # the context is read in place, not copied
+        layer = rows.cache.layers[0]
+        assert layer.base is context.cache.layers[0].buffer and layer.own.keys.shape[0] == rows.cache.layers[0].rows
+        assert layer.own_length == width
     fresh_a, fresh_b = short.fork(2), long.fork(1)
-    separate = [member.forward_alone(fresh_a.cache, inputs[0]), member.forward_alone(fresh_b.cache, inputs[1])]
+    separate = [pass_alone(member, fresh_a.cache, inputs[0]), pass_alone(member, fresh_b.cache, inputs[1])]
     for got, want in zip(merged, separate):
         assert got.shape == want.shape
         assert torch.allclose(got, want, atol=1e-3)
@@ -114,7 +117,7 @@ def test_a_model_is_prepared_for_merging_when_its_member_is_made(paper_pair_dir)
     """The backend wraps a model's attention once, when its first member is made (adafuse/backend/__init__.py), and a
     fresh model merges exactly."""
     fresh = Ensemble.from_config([ModelConfig(name=NAMES[0], path=str(paper_pair_dir / NAMES[0]))]).members[0]
-    assert fresh.model.config._attn_implementation.startswith(PREFIX) and fresh.installed.splits_attention
+    assert fresh.model.config._attn_implementation.startswith(PREFIX) and fresh.runner.prepared.splits_attention
     assert_merged_equals_separate(fresh)
 
 
@@ -122,52 +125,6 @@ def test_a_pass_that_cannot_fit_is_a_named_error(tiny):
     prompts = ["Question: What is the capital of France?\nAnswer:"] * 2
     with pytest.raises(BatchMemoryError, match="MiB"):
         tiny.decode_batch(prompts, batch_size=2, max_new_tokens=4, executor=Executor(memory_budget=1 << 20))
-
-
-def test_greedy_steps_read_the_resident_cache_in_place(tiny):
-    """Not exact: consecutive greedy steps of the same examples, the second pass reads the first one's
-    padded cache as it is (no merge), and logits and caches still equal separate passes."""
-    member = tiny.members[0]
-    short, long = clone(member), clone(member)
-    drive(short.start("Hello there"))
-    drive(long.start("The quick brown fox jumps over the lazy dog. " * 20))
-    alone_short, alone_long = clone(member), clone(member)
-    drive(alone_short.start("Hello there"))
-    drive(alone_long.start("The quick brown fox jumps over the lazy dog. " * 20))
-    resident = None
-    for step in ([[5]], [[6]]), ([[7]], [[8]]), ([[9]], [[10, 11]]):
-        inputs = [torch.tensor(x) for x in step]
-        merged = resident.merged if resident is not None else None
-        got, resident = forward_together(
-            member, [short.cache, long.cache], inputs, resident, may_stay=True, exact=False
-        )
-        if merged is not None and inputs[1].shape[1] == 1:
-            assert resident.merged is merged  # read in place, grown by one position
-        want = [
-            alone_short.forward_alone(alone_short.cache, inputs[0]),
-            alone_long.forward_alone(alone_long.cache, inputs[1]),
-        ]
-        for g, w in zip(got, want):
-            assert torch.allclose(g, w, atol=1e-3)
-        for mine, alone in [(short.cache, alone_short.cache), (long.cache, alone_long.cache)]:
-            assert mine.get_seq_length() == alone.get_seq_length()
-            for g, w in zip(mine.layers, alone.layers):
-                assert torch.allclose(g.keys, w.keys, atol=1e-3) and torch.allclose(g.values, w.values, atol=1e-3)
-    assert resident is None  # the last step read 1 and 2 tokens: its rows are padded and not kept
-
-
-def test_a_moved_cache_is_merged_again(tiny):
-    member = tiny.members[0]
-    a, b = clone(member), clone(member)
-    drive(a.start("Hello there"))
-    drive(b.start("General Kenobi, you are a bold one"))
-    _, resident = forward_together(
-        member, [a.cache, b.cache], [torch.tensor([[5]]), torch.tensor([[6]])], may_stay=True, exact=False
-    )
-    assert resident is not None and resident.holds([a.cache, b.cache])
-    a.cache.crop(-1)  # a rollback replaces the view: the resident layout no longer matches
-    assert not resident.holds([a.cache, b.cache])
-    assert not resident.holds([b.cache, a.cache])
 
 
 PROMPTS = ["Question: Who wrote Hamlet?\nAnswer:", "1, 2, 3, 4,", "The capital of Peru is", "Once upon a time"] * 2
@@ -210,12 +167,20 @@ def test_a_caller_that_stops_early_leaves_no_program_or_clone_behind(smol):
 
 
 def test_a_merged_pass_orders_its_rows_by_slot(smol):
+    """A step's requests come slot by slot, and a merged pass keeps that order (a request's place is its index)."""
     one, _ = greedy_slots(smol)
-    executor = Executor()
+    executor, merged = Executor(), []
+    run = executor.run
+
+    def spy(plans, requests, examples):
+        merged.extend(plan.places for plan in plans if plan.kind == MERGED)
+        return run(plans, requests, examples)
+
+    executor.run = spy
     for _ in decode_many([smol], range(len(PROMPTS)), one, batch_size=4, executor=executor):
         pass
-    assert executor.merged > 0
-    assert all(slots == sorted(slots) for slots in executor.pass_slots)
+    assert executor.merged > 0 and merged
+    assert all(list(places) == sorted(places) for places in merged)
 
 
 def test_an_example_s_members_ask_for_their_passes_in_the_same_step(tiny):
@@ -226,9 +191,9 @@ def test_an_example_s_members_ask_for_their_passes_in_the_same_step(tiny):
     executor = Executor()
     run = executor.run
 
-    def spy(requests):
-        steps.append({r.member.name for _, r in requests})
-        return run(requests)
+    def spy(plans, requests, examples):
+        steps.append({r.runner.name for r in requests})
+        return run(plans, requests, examples)
 
     executor.run = spy
     spec, cfg = resolve_method("adafuse", {})

@@ -90,7 +90,7 @@ def test_stop_reasons_and_budget(tiny):
     assert max(gen.stats.tokens_generated) >= 10 > max(gen.stats.tokens_generated) - 3 * 20  # at most one round over
     assert [len(i) for i in gen.ids] == gen.stats.tokens_generated
     for member, ids in zip(tiny.members, gen.ids):
-        assert member.text_of(ids, member.encode(STORY)) == gen.text  # every model read exactly the output
+        assert member.text_of(ids, member.tokenisation.encode(STORY)) == gen.text  # every model read exactly the output
 
 
 def test_stats_count_forward_passes_and_tokens(tiny):
@@ -109,7 +109,7 @@ def test_non_finite_logits_are_a_named_error_naming_model_and_round(tiny_shaped,
     smol, gemma = tiny_shaped
     broken_model = copy.deepcopy(smol.model)
     broken_model.model.norm.weight.data.fill_(float("nan"))  # every logit becomes NaN, as in a fp16 overflow
-    broken = Member("broken_smollm2", smol.tokenizer, broken_model)
+    broken = Member("broken_smollm2", smol.tokenisation.tokenizer, broken_model)
     with pytest.raises(NumericsError, match=rf"model 'broken_smollm2'.*{what}.*round 0|{what}.*round 0"):
         decode([clone(gemma), broken], QA, AdaFuseConfig(**options), stop=["\n"], max_new_tokens=8)
 
@@ -118,23 +118,28 @@ def test_control_tokens_never_form_words(tiny, gemma, shared_data):
     """Spec §2: Gemma's added tokens (e.g. <start_of_image>, not flagged special) and specials are out
     of its distribution for every method but `single`; its whitespace runs and eos stay in. On NQ
     question nq-4 Gemma's own greedy output is <start_of_image> repeated (tests/engine/test_greedy.py)."""
-    names = gemma.tokenizer.convert_ids_to_tokens
-    control = {gemma.tokenizer.convert_tokens_to_ids(t) for t in ["<start_of_image>", "<bos>", "<pad>", "<table>"]}
-    assert control <= gemma.control_ids
-    assert not gemma.control_ids & gemma.eos_ids
-    assert not {gemma.tokenizer.convert_tokens_to_ids(t) for t in ["\n\n", "\t\t"]} & gemma.control_ids
+    names = gemma.tokenisation.tokenizer.convert_ids_to_tokens
+    control = {
+        gemma.tokenisation.tokenizer.convert_tokens_to_ids(t) for t in ["<start_of_image>", "<bos>", "<pad>", "<table>"]
+    }
+    assert control <= gemma.tokenisation.control_ids
+    assert not gemma.tokenisation.control_ids & gemma.tokenisation.eos_ids
+    assert (
+        not {gemma.tokenisation.tokenizer.convert_tokens_to_ids(t) for t in ["\n\n", "\t\t"]}
+        & gemma.tokenisation.control_ids
+    )
     prompt, stop = nq_prompt(shared_data, "nq-4")
     gen = decode(tiny.members, prompt, AdaFuseConfig(), stop=stop, max_new_tokens=12, trace=True)
     assert "<start_of_image>" not in gen.text
     for rnd in gen.trace.rounds:
         for c in rnd.candidates:
             for k, (m, score) in enumerate(zip(tiny.members, c.scores)):
-                assert not set(score.ids) & m.control_ids, names(score.ids) if k else score.ids
+                assert not set(score.ids) & m.tokenisation.control_ids, names(score.ids) if k else score.ids
     m = clone(gemma)
     drive(m.start(prompt))
-    assert m.logprobs[sorted(m.control_ids)].max() == float("-inf")
+    assert m.logprobs[sorted(m.tokenisation.control_ids)].max() == float("-inf")
     drive(m.start(prompt, mask_control=False))
-    assert m.logprobs[sorted(m.control_ids)].max() > float("-inf")
+    assert m.logprobs[sorted(m.tokenisation.control_ids)].max() > float("-inf")
 
 
 def test_a_word_cut_at_the_token_cap_never_ends_inside_a_character(smol):
@@ -147,7 +152,7 @@ def test_a_word_cut_at_the_token_cap_never_ends_inside_a_character(smol):
     assert word.text == "🍕" and len(word.ids) == 3 and not word.cut  # 1 token would end inside the emoji
     assert rows.tokens[0] == word.ids and torch.equal(rows.last[0], word.next_logprobs)
 
-    pizza = m.encode_text("🍕")
+    pizza = m.tokenisation.encode_text("🍕")
     partial = pizza + pizza[:1]  # a second emoji begun and never finished
     rows = m.fork(1)
     dists = [drive(rows.extend([[t]]))[0, 0] for t in partial]

@@ -22,19 +22,22 @@ PINNED = json.loads((ROOT / "tests/fixtures/bundled_models.json").read_text())["
 def test_token_facts_are_the_pinned_ones(tiny, index, name):
     member, pinned = tiny.members[index], PINNED[name]
     assert member.name == name
-    assert member.vocab_size == pinned["vocab_size"] and member.tokenizer.bos_token_id == pinned["bos_id"]
-    assert sorted(member.eos_ids) == pinned["eos_ids"]
-    assert len(member.control_ids) == pinned["control_count"]
-    assert sorted(member.control_ids)[: len(pinned["first_control_ids"])] == pinned["first_control_ids"]
+    assert (
+        member.runner.vocab_size == pinned["vocab_size"]
+        and member.tokenisation.tokenizer.bos_token_id == pinned["bos_id"]
+    )
+    assert sorted(member.tokenisation.eos_ids) == pinned["eos_ids"]
+    assert len(member.tokenisation.control_ids) == pinned["control_count"]
+    assert sorted(member.tokenisation.control_ids)[: len(pinned["first_control_ids"])] == pinned["first_control_ids"]
 
 
 @pytest.mark.parametrize("index, name", [(0, "smollm2_135m"), (1, "gemma3_270m")])
 def test_greedy_continuations_and_their_log_probabilities_are_the_pinned_ones(tiny, index, name):
     member, reference = tiny.members[index], RefModel(tiny.members[index])
     for case in PINNED[name]["greedy"]:
-        assert member.encode(case["prompt"]) == case["prompt_ids"]
+        assert member.tokenisation.encode(case["prompt"]) == case["prompt_ids"]
         greedy_ids = [top[0] for top in case["top3_ids"]]
-        eos = next((i for i, t in enumerate(greedy_ids) if t in member.eos_ids), len(greedy_ids))
+        eos = next((i for i, t in enumerate(greedy_ids) if t in member.tokenisation.eos_ids), len(greedy_ids))
         gen = decode(tiny.members, case["prompt"], SingleConfig(index), max_new_tokens=6, trace=True)
         assert gen.ids[0] == greedy_ids[:eos]
         steps = gen.trace.steps

@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from adafuse import AdaFuseConfig
-from adafuse.backend.invariance import tile_rows
+from adafuse.backend.tiles import tile_rows
 from adafuse.engine.loop import drive
-from adafuse.member.cache import PromptStore, common_prefix
+from adafuse.member.cache import PromptStore, common_prefix, view_cache
 from oracles import reference
 from tools.testing import WINDOW, clone, decode
 
@@ -54,7 +54,7 @@ def test_rollback_past_the_sliding_window(narrow, shared_data):
     m.commit(rows, 0, "", m.text_of(rows.tokens[0]))
     drive(m.start(prompt[:-40]))  # a shorter prompt: the cache is cut back inside the prompt
     m.check_invariant()
-    assert m.ids == m.encode(prompt[:-40])
+    assert m.ids == m.tokenisation.encode(prompt[:-40])
     assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
     drive(m.start(prompt))
     assert m.ids == context
@@ -65,13 +65,13 @@ def test_the_shared_few_shot_prefix_is_read_once(tiny, shared_data):
     nq = (shared_data / "adafuse_local_datasets/NaturalQuestions/dev/nq_prompt.txt").read_text()
     for member in tiny.members:
         m = clone(member)
-        m.prompts = PromptStore()
+        m.runner.prompts = PromptStore()
         drive(m.start(nq + "\n\nQuestion: who is the president\nAnswer:", prefix=nq))
-        ((prefix, _),) = m.prompts.entries  # read in a pass of its own, and kept
-        assert prefix == m.ids[: len(prefix)] and len(prefix) >= len(m.encode(nq)) - 1
+        ((prefix, _),) = m.runner.prompts.entries  # read in a pass of its own, and kept
+        assert prefix == m.ids[: len(prefix)] and len(prefix) >= len(m.tokenisation.encode(nq)) - 1
         m.reset_counters()
         drive(m.start(nq + "\n\nQuestion: where is the eiffel tower\nAnswer:", prefix=nq))
-        assert len(m.prompts.entries) == 1 and m.ids[: len(prefix)] == prefix
+        assert len(m.runner.prompts.entries) == 1 and m.ids[: len(prefix)] == prefix
         assert (m.forward_passes, m.tokens_fed) == (1, len(m.ids) - len(prefix))  # the question alone
         assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
 
@@ -84,7 +84,7 @@ def test_retokenised_candidate_cuts_the_context_back_where_the_boundary_merges(g
     drive(m.start(prompt))
     (reading,) = drive(m.read([m.align("", "\nThe")]))
     a = reading.alignment
-    encoded = m.encode(prompt + "\nThe")
+    encoded = m.tokenisation.encode(prompt + "\nThe")
     assert a.base < len(m.ids)  # the trailing "\n" token merged into "\n\n"
     assert encoded[: a.base] == m.ids[: a.base] and a.ids == encoded[a.base :]
     assert a.skip == 0  # "\n\n" carries the candidate's first character: it is scored
@@ -103,9 +103,11 @@ def test_context_tokens_before_the_candidate_are_fed_but_not_scored(smol):
     that starts with its own space ("  x") re-reads the prompt's space inside a token that is scored."""
     m = clone(smol)
     drive(m.start("Answer: "))
-    assert m.tokenizer.convert_ids_to_tokens(m.ids[-1]) == "Ġ"
+    assert m.tokenisation.tokenizer.convert_ids_to_tokens(m.ids[-1]) == "Ġ"
     a = m.align("", "Paris")
-    assert a.base == len(m.ids) - 1 and m.tokenizer.convert_ids_to_tokens(a.ids) == ["ĠParis"] and a.skip == 0
+    assert (
+        a.base == len(m.ids) - 1 and m.tokenisation.tokenizer.convert_ids_to_tokens(a.ids) == ["ĠParis"] and a.skip == 0
+    )
 
 
 def test_a_cut_back_never_reaches_before_the_last_committed_word(smol):
@@ -113,24 +115,27 @@ def test_a_cut_back_never_reaches_before_the_last_committed_word(smol):
     is not cut back to them: the ids re-read stay bounded by the candidate plus the last word."""
     m = clone(smol)
     drive(m.start("Answer:"))
-    space, paris = m.encode_text(" "), m.encode_text("Paris")  # " " + "Paris": not the canonical " Paris"
+    space, paris = (
+        m.tokenisation.encode_text(" "),
+        m.tokenisation.encode_text("Paris"),
+    )  # " " + "Paris": not the canonical " Paris"
     drive(m.append_ids(space + paris, "", " Paris"))
-    drive(m.append_ids(m.encode_text(" is"), " Paris", " is"))  # the model's own next word
-    canonical = m.encode_text("Answer: Paris is nice", add_special_tokens=True)
+    drive(m.append_ids(m.tokenisation.encode_text(" is"), " Paris", " is"))  # the model's own next word
+    canonical = m.tokenisation.encode_text("Answer: Paris is nice", add_special_tokens=True)
     assert common_prefix(canonical, m.ids) < len(m.ids) - 2  # a full re-encoding departs two words back
     a = m.align(" Paris is", " nice")
-    assert (a.base, a.ids, a.skip) == (len(m.ids), m.encode_text(" nice"), 0)
+    assert (a.base, a.ids, a.skip) == (len(m.ids), m.tokenisation.encode_text(" nice"), 0)
     m.commit(*drive(m.read([a]))[0].home, " Paris is", " nice")
-    assert m.ids[-4:-1] == space + paris + m.encode_text(" is")  # never re-read
+    assert m.ids[-4:-1] == space + paris + m.tokenisation.encode_text(" is")  # never re-read
     a = m.align(" Paris is nice", "\n")  # the last word " nice" may be re-read, nothing before it
     assert a.base >= len(m.ids) - 1
 
 
 def test_generated_text_that_looks_like_a_control_token_is_encoded_as_text(tiny):
     for m in tiny.members:
-        ids = m.encode_text(" <eos> <|im_end|> <start_of_image> <table>")
-        assert not set(ids) & m.control_ids
-        assert m.text_of(ids, m.encode("x")) == " <eos> <|im_end|> <start_of_image> <table>"
+        ids = m.tokenisation.encode_text(" <eos> <|im_end|> <start_of_image> <table>")
+        assert not set(ids) & m.tokenisation.control_ids
+        assert m.text_of(ids, m.tokenisation.encode("x")) == " <eos> <|im_end|> <start_of_image> <table>"
 
 
 def test_cache_length_equals_context_after_every_decode(paper_pair):
@@ -141,28 +146,38 @@ def test_cache_length_equals_context_after_every_decode(paper_pair):
             assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
 
 
-def test_a_cache_grows_in_place_and_never_writes_into_a_view_it_handed_out(smol):
-    """GrowingLayer: steps after the first write into one buffer; a fork, a committed row or a crop taken
-    before a step keeps its values, and the contexts still match full forward passes."""
+def test_a_fork_reads_its_context_in_place_and_no_write_reaches_a_view_handed_out(smol):
+    """adafuse/member/cache.py: a fork holds only its own positions (the context's are read where they are) and
+    grows them in place; committing a row appends its positions to the context's own buffer in place; a row's
+    context taken before more steps, and a view of the context taken before the commit, keep their values; a
+    crop makes the next read start a buffer of its own; every context still matches full forward passes."""
     m = clone(smol)
     drive(m.start("The quick brown fox"))
+    context = m.cache.layers[0]
     rows = m.fork(2)
-    drive(rows.extend([[5], [6]]))  # the expanded prefix is copied once, into the fork's own buffer
-    buffer = rows.cache.layers[0].keys.data_ptr()
-    row_view = rows.cache_of_row(0)  # a view of the buffer's filled positions
-    kept = row_view.layers[0].keys.clone()
+    drive(rows.extend([[5], [6]]))
+    fork = rows.cache.layers[0]
+    assert fork.base is context.buffer and fork.own.keys.shape[2] < 64  # no copy of the context's positions
+    own = fork.own.keys.data_ptr()
+    early = rows.cache_of_row(0)  # row 0's context now: the prompt and one id
+    kept = early.layers[0].keys.clone()
     drive(rows.extend([[7], [8]]))
     drive(rows.extend([[9], [10]]))
-    assert rows.cache.layers[0].keys.data_ptr() == buffer  # written in place, not concatenated
-    assert torch.equal(row_view.layers[0].keys, kept)
+    assert fork.own.keys.data_ptr() == own  # written in place, not concatenated
+    assert torch.equal(early.layers[0].keys, kept)
     for i in range(2):
         assert torch.allclose(rows.last[i], full_next_logprobs(m, rows.prefix + rows.tokens[i]), atol=1e-4)
+    snapshot = view_cache(m.cache)
+    before = snapshot.layers[0].keys.clone()
     m.commit(rows, 1, "", m.text_of(rows.tokens[1]))
-    before = m.cache.layers[0].keys.clone()
+    assert torch.equal(snapshot.layers[0].keys, before)
+    assert m.cache.get_seq_length() == len(m.ids) and torch.equal(
+        m.cache.layers[0].keys[:, :, : before.shape[2]], before
+    )
     m.cache.crop(-1)  # a rollback: the next read starts a buffer of its own
     m.context.ids = m.ids[:-1]
     drive(m.feed([11]))
-    assert torch.equal(rows.cache.layers[0].keys[1, :, : before.shape[2]], before[0])
+    assert m.cache.layers[0].buffer is not rows.cache.layers[0].base
     assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
 
 
@@ -175,7 +190,7 @@ def test_a_fork_of_rows_of_unequal_length_computes_only_their_ids(smol):
     layer = m.model.model.layers[0].mlp.down_proj
     with LinearRows() as rows_multiplied:
         steps = drive(m.fork(3).extend([[5, 6, 7], [8], []]))
-    tile = tile_rows(m.backend.probes, layer.weight, layer.bias)
+    tile = tile_rows(m.runner.backend.probes, layer.weight, layer.bias)
     assert max(rows_multiplied.rows) == -(-4 // tile) * tile  # 4 real ids of the 9 positions
     assert steps.packed.shape[0] == 4
     with pytest.raises(IndexError, match="no position 1"):

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adafuse.backend import backend_for, invariance
+from adafuse.backend import backend_for, tiles
+from adafuse.backend.cpu import CpuExactBackend
 from adafuse.backend.cpu.cores import CoreShare
 from adafuse.engine.executor import Executor
 
@@ -40,18 +41,17 @@ def test_each_thread_of_a_share_multiplies_on_its_part_of_the_cores_and_the_last
     seen = {}
 
     def first(share):
-        with share.joined():
-            both_in.wait()
-            seen["first"] = CORES.blas_threads()
+        both_in.wait()
+        seen["first"] = CORES.blas_threads(share)
+        share.leave()
         first_left.set()
 
     def second(share):
-        with share.joined():
-            both_in.wait()
-            seen["second"] = CORES.blas_threads()
-            first_left.wait(10)
-            seen["alone"] = CORES.blas_threads()
-        seen["after"] = CORES.blas_threads()
+        both_in.wait()
+        seen["second"] = CORES.blas_threads(share)
+        first_left.wait(10)
+        seen["alone"] = CORES.blas_threads(share)
+        share.leave()
 
     share = CoreShare(2)
     runs = [threading.Thread(target=f, args=(share,)) for f in (first, second)]
@@ -59,8 +59,8 @@ def test_each_thread_of_a_share_multiplies_on_its_part_of_the_cores_and_the_last
         run.start()
     for run in runs:
         run.join()
-    assert seen == {"first": max(1, threads // 2), "second": max(1, threads // 2), "alone": None, "after": None}
-    assert CORES.blas_threads() is None  # a thread outside any share
+    assert seen == {"first": max(1, threads // 2), "second": max(1, threads // 2), "alone": None}
+    assert CORES.blas_threads(None) is None  # a thread outside any share
     before = mkl()
     with CORES.mkl_threads(1):
         assert mkl() == 1
@@ -98,13 +98,12 @@ def test_a_multiply_whose_bits_change_with_its_threads_runs_on_all_of_them(monke
     counts = recording_mkl_threads(monkeypatch)
     monkeypatch.setattr(CORES, "_set_local", lambda count: 0)  # a share is in force even without MKL
     share = CoreShare(2)  # the other thread of the share never leaves: this one multiplies on its part
-    with share.joined():
-        threads = CORES.blas_threads()
-        key = (invariance._kernel_key(weight, None), 4, threads)
-        monkeypatch.setitem(PROBES.fewer_threads, key, False)
-        assert torch.equal(invariance.linear(PROBES, x, weight, None), F.linear(x, weight))
-        monkeypatch.setitem(PROBES.fewer_threads, key, True)
-        invariance.linear(PROBES, x, weight, None)
+    threads = CORES.blas_threads(share)
+    key = (tiles.kernel_key(weight, None), 4, threads)
+    monkeypatch.setitem(PROBES.fewer_threads, key, False)
+    assert torch.equal(tiles.linear(PROBES, x, weight, None, share), F.linear(x, weight))
+    monkeypatch.setitem(PROBES.fewer_threads, key, True)
+    tiles.linear(PROBES, x, weight, None, share)
     assert counts == [threads]  # the first multiply asked for no count: all the cores
 
 
@@ -114,17 +113,17 @@ def test_passes_one_model_after_the_other_never_overlap_use_every_core_and_keep_
     tiny.decode_batch(PROMPTS, max_new_tokens=1, batch_size=3)  # both runs below then read the prompts alike
     side_by_side = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=4, trace=True, batch_size=3)
     spans, threads = [], []
-    run_pass = Executor._run_pass
+    run_pass, names = CpuExactBackend.run, {id(m.model): m.name for m in tiny.members}
 
-    def recording(self, chunk):
+    def recording(self, p, context):
         start = time.perf_counter()
-        threads.append(CORES.blas_threads())
+        threads.append(CORES.blas_threads(context.share))
         try:
-            return run_pass(self, chunk)
+            return run_pass(self, p, context)
         finally:
-            spans.append((chunk[0].member.name, start, time.perf_counter()))
+            spans.append((names[id(p.model.model)], start, time.perf_counter()))
 
-    monkeypatch.setattr(Executor, "_run_pass", recording)
+    monkeypatch.setattr(CpuExactBackend, "run", recording)
     executor = Executor(side_by_side=False)
     one_after = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=4, trace=True, batch_size=3, executor=executor)
     assert set(threads) == {None}

@@ -35,7 +35,7 @@ ANCHORS, SUPPORT = 1024, 512
 def test_deepen_equals_the_plain_reference_with_smollm2_as_main(tiny, prompt, stop, budget):
     cfg = DeepenConfig(max_anchors=ANCHORS, support=SUPPORT, skip_agree=False)  # every step runs the ensemble step
     gen = assert_deepen_agrees(tiny.members, prompt, cfg, stop, budget)
-    assert all(step.fused for step in gen.trace.steps if step.token not in tiny.members[0].eos_ids)
+    assert all(step.fused for step in gen.trace.steps if step.token not in tiny.members[0].tokenisation.eos_ids)
     assert PARTIAL not in gen.text
 
 
@@ -54,7 +54,7 @@ def test_agreeing_steps_are_skipped_and_the_rest_fused(tiny):
     for step in gen.trace.steps:
         texts = {v.texts[i] for v, i in zip(vocabs, step.argmax)}
         agree = len(texts) == 1 and None not in texts
-        assert step.fused == (not agree and step.argmax[0] not in tiny.members[0].eos_ids)
+        assert step.fused == (not agree and step.argmax[0] not in tiny.members[0].tokenisation.eos_ids)
         assert len(step.loss) == (cfg.steps if step.fused else 0)
         fused.append(step.fused)
     assert True in fused and False in fused

@@ -35,8 +35,8 @@ def test_single_equals_generate_token_for_token(tiny, tiny_shaped, index):
             assert ours.ids[0] == hf_greedy(member, prompt, 12), (member.name, prompt)
             # The text is the ids' text without control tokens (a random model emits Gemma's <unusedN>), less
             # a character the budget cut part-way through.
-            shown = [t for t in ours.ids[0] if t not in member.control_ids]
-            assert ours.text == member.text_of(shown, member.encode(prompt)).removesuffix(REPLACEMENT)
+            shown = [t for t in ours.ids[0] if t not in member.tokenisation.control_ids]
+            assert ours.text == member.text_of(shown, member.tokenisation.encode(prompt)).removesuffix(REPLACEMENT)
 
 
 def test_single_stops_at_stop_strings_and_eos(tiny, smol):
@@ -48,10 +48,10 @@ def test_single_stops_at_stop_strings_and_eos(tiny, smol):
     assert gen.text == free.text.split("\nQuestion:")[0]
     gen = decode(tiny.members, prompt, SingleConfig(1), max_new_tokens=7)
     assert gen.stats.stop_reason == "length" and len(gen.ids[0]) == 7
-    smol_chat = type(smol)(smol.name, smol.tokenizer, smol.model, chat_template=True)
+    smol_chat = type(smol)(smol.name, smol.tokenisation.tokenizer, smol.model, chat_template=True)
     gen = decode([smol_chat], "What is 2 + 2? Answer with one number.", SingleConfig(0), max_new_tokens=40)
     assert gen.stats.stop_reason == "eos"
-    assert gen.ids[0] and gen.ids[0][-1] not in smol.eos_ids
+    assert gen.ids[0] and gen.ids[0][-1] not in smol.tokenisation.eos_ids
 
 
 def test_single_keeps_control_tokens_in_its_ids_and_out_of_its_text(tiny, gemma, shared_data):
@@ -60,9 +60,9 @@ def test_single_keeps_control_tokens_in_its_ids_and_out_of_its_text(tiny, gemma,
     prompt, stop = nq_prompt(shared_data, "nq-4")
     gen = decode(tiny.members, prompt, SingleConfig(1), stop=stop, max_new_tokens=8, trace=True)
     assert gen.ids[0] == hf_greedy(gemma, prompt, 8)
-    shown = [t for t in gen.ids[0] if t not in gemma.control_ids]
+    shown = [t for t in gen.ids[0] if t not in gemma.tokenisation.control_ids]
     assert len(shown) < len(gen.ids[0])  # control tokens were generated
-    assert gen.text == gemma.text_of(shown, gemma.encode(prompt))
+    assert gen.text == gemma.text_of(shown, gemma.tokenisation.encode(prompt))
     assert "<start_of_image>" not in gen.text
     assert [s.token for s in gen.trace.steps] == gen.ids[0]  # trace=true records every step
     assert "".join(s.text for s in gen.trace.steps) == gen.text

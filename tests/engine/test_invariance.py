@@ -1,5 +1,5 @@
 """Batch size never changes an output: a merged pass computes every request exactly as it would be
-computed alone (adafuse/backend/invariance.py), bit for bit, in bfloat16 (the dtype the paper's configs load)
+computed alone (adafuse/backend/tiles.py, adafuse/backend/split_pass.py), bit for bit, in bfloat16 (the dtype the paper's configs load)
 and float32, on the paper's pair in shape, with one multiply per linear layer whatever the number of
 requests (row tiles); and `single` at batch size 8 equals batch size 1 and transformers' own generate()."""
 
@@ -9,15 +9,15 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from adafuse import Ensemble, Request, SingleConfig
-from adafuse.backend.invariance import _kernel_key, _probe_input, tile_rows, tiled_linear
-from adafuse.backend.split_pass import forward_together
+from adafuse.backend.tiles import kernel_key, probe_input, tile_rows
 from adafuse.config import ModelConfig
 from adafuse.engine.executor import Executor
 from adafuse.engine.loop import decode_many, drive
-from adafuse.member.cache import derive_cache
+from adafuse.member.cache import view_cache
 from adafuse.methods import METHODS
 from oracles.greedy import hf_greedy
 from tools.paper_pair import NAMES
+from tools.testing import pass_alone, pass_merged
 
 pytestmark = pytest.mark.slow
 
@@ -49,9 +49,8 @@ def started(member, prompts: list[str]):
 
 
 def test_a_merged_pass_computes_every_request_as_alone_bit_for_bit(pair):
-    loose_equal = []
     for member in pair.members:
-        assert member.installed.splits_attention
+        assert member.runner.prepared.splits_attention
         # Greedy steps (one row, one token, caches of different lengths) and forks (rows of several tokens).
         steps = started(member, PROMPTS)
         step_inputs = [torch.tensor([[c.logprobs.argmax().item()]], device=member.device) for c in steps]
@@ -59,12 +58,21 @@ def test_a_merged_pass_computes_every_request_as_alone_bit_for_bit(pair):
         three, one = [[5, 6, 7], [8, 9, 10], [11, 12, 13]], [[14], [15], [16]]
         fork_inputs = [torch.tensor(rows, device=member.device) for rows in (three, one, three, one)]
         for caches, inputs in [([c.cache for c in steps], step_inputs), ([f.cache for f in forks], fork_inputs)]:
-            alone = [member.forward_alone(_copy(c), x) for c, x in zip(caches, inputs)]
-            merged, _ = forward_together(member, [_copy(c) for c in caches], inputs, exact=True)
+            alone = [pass_alone(member, view_cache(c), x) for c, x in zip(caches, inputs)]
+            merged = pass_merged(member, [view_cache(c) for c in caches], inputs)
             assert all(torch.equal(a, m) for a, m in zip(alone, merged))
-            loose, _ = forward_together(member, [_copy(c) for c in caches], inputs, exact=False)
-            loose_equal += [torch.equal(a, m) for a, m in zip(alone, loose)]
-    assert not all(loose_equal)  # what exactness fixes: a padded merged pass rounds differently
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["smollm2", "gemma3"])
+def test_what_exactness_fixes_the_stock_kernels_round_a_request_by_the_rows_beside_it(tiny, index):
+    """On the bundled models' real weights, a merged pass with the stock kernels (`exact=False`) gives greedy
+    steps other bits than their passes alone with the same kernels: a multiply's kernel is picked by its rows."""
+    member = tiny.members[index]
+    steps = started(member, PROMPTS[:3])
+    inputs = [torch.tensor([[c.logprobs.argmax().item()]], device=member.device) for c in steps]
+    alone = [pass_alone(member, view_cache(c.cache), x, exact=False) for c, x in zip(steps, inputs)]
+    loose = pass_merged(member, [view_cache(c.cache) for c in steps], inputs, exact=False)
+    assert not all(torch.equal(a, m) for a, m in zip(alone, loose))
 
 
 def test_a_prompt_tail_read_in_a_merged_pass_gets_the_logits_and_cache_of_its_read_alone(pair):
@@ -75,23 +83,23 @@ def test_a_prompt_tail_read_in_a_merged_pass_gets_the_logits_and_cache_of_its_re
         steps = started(member, PROMPTS[:3])
         step_inputs = [torch.tensor([[c.logprobs.argmax().item()]], device=member.device) for c in steps]
         (prefix,) = started(member, PROMPTS[7:])
-        ids = prefix.ids + member.encode_text(" and then some more words, read as a prompt's tail")
+        ids = prefix.ids + member.tokenisation.encode_text(" and then some more words, read as a prompt's tail")
         keep = len(prefix.ids) - 3
         tail = torch.tensor([ids[keep:]], device=member.device)
-        alone_cache, merged_cache = (derive_cache(prefix.cache, lambda t, n=keep: t[:, :, :n]) for _ in range(2))
-        alone = member.forward_alone(alone_cache, tail, last_only=True)
+        alone_cache, merged_cache = (view_cache(prefix.cache, keep) for _ in range(2))
+        alone = pass_alone(member, alone_cache, tail, last_only=True)
         caches = [c.cache for c in steps]
-        merged, _ = forward_together(
+        merged = pass_merged(
             member,
-            [merged_cache] + [_copy(c) for c in caches],
+            [merged_cache] + [view_cache(c) for c in caches],
             [tail] + step_inputs,
             last_only=[True, False, False, False],
         )
-        assert merged[0].shape == alone.shape == (1, 1, member.vocab_size) and torch.equal(merged[0], alone)
+        assert merged[0].shape == alone.shape == (1, 1, member.runner.vocab_size) and torch.equal(merged[0], alone)
         for a, m in zip(alone_cache.layers, merged_cache.layers, strict=True):
             assert a.keys.shape[2] == len(ids) and torch.equal(a.keys, m.keys) and torch.equal(a.values, m.values)
         for cache, x, logits in zip(caches, step_inputs, merged[1:]):
-            assert torch.equal(member.forward_alone(_copy(cache), x), logits)
+            assert torch.equal(pass_alone(member, view_cache(cache), x), logits)
 
 
 def test_rows_of_unequal_length_in_a_merged_pass_get_the_logits_and_cache_of_their_pass_alone(pair):
@@ -107,21 +115,18 @@ def test_rows_of_unequal_length_in_a_merged_pass_get_the_logits_and_cache_of_the
         real = [[3, 1, 2], [0, 2, 1], [1, 0, 1]] + [None] * len(steps)
         caches = [f.cache for f in forks] + [c.cache for c in steps]
         inputs = fork_inputs + step_inputs
-        alone_caches, merged_caches = [_copy(c) for c in caches], [_copy(c) for c in caches]
-        alone = [member.forward_alone(c, x, lengths=n) for c, x, n in zip(alone_caches, inputs, real)]
-        merged, _ = forward_together(member, merged_caches, inputs, real=real)
-        assert [m.shape for m in merged[:3]] == [(6, member.vocab_size), (3, member.vocab_size), (2, member.vocab_size)]
+        alone_caches, merged_caches = [view_cache(c) for c in caches], [view_cache(c) for c in caches]
+        alone = [pass_alone(member, c, x, lengths=n) for c, x, n in zip(alone_caches, inputs, real)]
+        merged = pass_merged(member, merged_caches, inputs, lengths=real)
+        assert [m.shape for m in merged[:3]] == [
+            (6, member.runner.vocab_size),
+            (3, member.runner.vocab_size),
+            (2, member.runner.vocab_size),
+        ]
         assert all(torch.equal(a, m) for a, m in zip(alone, merged, strict=True)), member.name
         for a_cache, m_cache in zip(alone_caches, merged_caches):
             for a, m in zip(a_cache.layers, m_cache.layers, strict=True):
                 assert torch.equal(a.keys, m.keys) and torch.equal(a.values, m.values), member.name
-
-
-def _copy(cache):
-    """A cache of its own over the same tensors (a forward pass replaces its layers' tensors)."""
-    from adafuse.member.cache import derive_cache
-
-    return derive_cache(cache, lambda t: t)
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=NAMES)
@@ -155,7 +160,7 @@ ASKED = ["who wrote the odyssey", "who wrote faust", "who painted the night watc
 def test_a_prompts_numbers_never_depend_on_the_prompts_read_before_it(pair, which):
     """Prompts that share a declared prefix, and some of them more (questions that start alike), decoded at
     batch size 1 in order, in reverse order and at batch size 8: every step's log-probability is the same,
-    bit for bit. Where a prompt is split depends on the prompt alone (`Member.prompt_reading`), not on how
+    bit for bit. Where a prompt is split depends on the prompt alone (`Member.shared_length`), not on how
     much of it the prompts read before it happen to share."""
     spec, cfg = METHODS["single"], SingleConfig(which)
     requests = [Request(f"{SHARED}Question: {q}\nAnswer:", max_new_tokens=6, trace=True, prefix=SHARED) for q in ASKED]
@@ -171,9 +176,9 @@ def test_a_prompts_numbers_never_depend_on_the_prompts_read_before_it(pair, whic
         assert [s.logprob for s in runs[0].trace.steps] == [s.logprob for s in runs[1].trace.steps], ASKED[i]
         assert [s.logprob for s in runs[0].trace.steps] == [s.logprob for s in runs[2].trace.steps], ASKED[i]
         assert runs[0].ids == runs[1].ids == runs[2].ids
-    shared, member = pair.members[which].encode(SHARED), pair.members[which]
+    shared, member = pair.members[which].tokenisation.encode(SHARED), pair.members[which]
     # the prefix was read on its own and kept (its last token may go with the question instead)
-    assert any(len(ids) >= len(shared) - 1 and shared[: len(ids)] == ids for ids, _ in member.prompts.entries)
+    assert any(len(ids) >= len(shared) - 1 and shared[: len(ids)] == ids for ids, _ in member.runner.prompts.entries)
 
 
 class MultiplyCount(TorchFunctionMode):
@@ -207,16 +212,16 @@ def test_a_row_s_logits_do_not_depend_on_what_shares_its_pass_and_it_is_one_mult
     as a pass alone (the linear layers multiply all its rows at once, in row tiles)."""
     for member in pair.members:
         caches, inputs = mixed_requests(member, 64)
-        alone = [member.forward_alone(_copy(c), x) for c, x in zip(caches, inputs)]
+        alone = [pass_alone(member, view_cache(c), x) for c, x in zip(caches, inputs)]
         for count in (1, 2, 5, 17, 64):
             for order in (range(count), reversed(range(count))):
                 order = list(order)
-                merged, _ = forward_together(member, [_copy(caches[j]) for j in order], [inputs[j] for j in order])
+                merged = pass_merged(member, [view_cache(caches[j]) for j in order], [inputs[j] for j in order])
                 assert all(torch.equal(m, alone[j]) for j, m in zip(order, merged)), (member.name, count)
         with MultiplyCount() as one:
-            member.forward_alone(_copy(caches[0]), inputs[0])
+            pass_alone(member, view_cache(caches[0]), inputs[0])
         with MultiplyCount() as sixty_four:  # its row counts were met (and probed) above
-            forward_together(member, [_copy(c) for c in caches], inputs)
+            pass_merged(member, [view_cache(c) for c in caches], inputs)
         linear_layers = sum(isinstance(m, torch.nn.Linear) for m in member.model.modules())
         assert one.calls == linear_layers, member.name
         if member.model.dtype == torch.float32:  # the CPU's default: one multiply of all the rows per layer
@@ -251,38 +256,43 @@ def test_the_tile_by_tile_path_gives_the_one_multiply_s_bits(smol):
     """Where one multiply of all the rows would not keep each tile's bits, tiles are multiplied one by one:
     the same bits wherever the two agree, one multiply per tile."""
     layer = next(m for m in smol.model.modules() if isinstance(m, torch.nn.Linear))
-    probes = smol.backend.probes
+    probes = smol.runner.backend.probes
     x = torch.randn(3, 7, layer.in_features, generator=torch.Generator().manual_seed(5))
     tile = tile_rows(probes, layer.weight, layer.bias)
     padded = -(-21 // tile) * tile
-    one_call = tiled_linear(probes, x, layer.weight, layer.bias)
-    key = (_kernel_key(layer.weight, layer.bias), padded)
+    with torch.inference_mode():
+        one_call = layer(x)
+    key = (kernel_key(layer.weight, layer.bias), padded)
     assert probes.one_call[key], "the one multiply of these rows disagrees with its tiles on this machine"
     probes.one_call[key] = False
+    probes.plans.clear()  # the layer's plan for 21 rows holds the verdict: planned again from the new one
     try:
-        with MultiplyCount() as count:
-            by_tiles = tiled_linear(probes, x, layer.weight, layer.bias)
+        with MultiplyCount() as count, torch.inference_mode():
+            by_tiles = layer(x)
     finally:
         probes.one_call[key] = True
+        probes.plans.clear()
     assert count.calls == padded // tile
     assert torch.equal(by_tiles, one_call)
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["smollm2", "gemma3"])
 def test_the_probe_rows_tell_apart_two_orders_of_summing_the_inner_dimension(tiny, index):
-    """The rows that decide a kernel's tiles (`_probe_input`) show a change in summation order through
-    bfloat16's 8 bits, which hide it in nearly every output of plain random rows: one float32 sum of the
-    inner dimension against two halves summed apart (what another kernel's blocking does), rounded."""
+    """The rows that decide a kernel's tiles (`probe_input`) show a change in summation order through
+    bfloat16's 8 bits, which hide it in nearly every output of plain random rows: the sum of the inner
+    dimension (in float64: one order, whatever blocking the processor's float32 kernel uses; on one core an
+    AVX-512 float32 kernel may itself sum in two halves) against two halves summed apart in float32 (what
+    another kernel's blocking does), rounded."""
     layer = next(m for m in tiny.members[index].model.modules() if isinstance(m, torch.nn.Linear))
     weight = layer.weight.detach().to(torch.bfloat16).float()
     half = weight.shape[1] // 2
 
     def outputs_apart(x: torch.Tensor) -> int:
         x = x.to(torch.bfloat16).float()
-        whole = (x @ weight.T).to(torch.bfloat16)
+        whole = (x.double() @ weight.double().T).to(torch.bfloat16)
         halves = (x[:, :half] @ weight[:, :half].T + x[:, half:] @ weight[:, half:].T).to(torch.bfloat16)
         return int((whole != halves).sum())
 
-    probe = outputs_apart(_probe_input(64, weight.to(torch.bfloat16), seed=0))
+    probe = outputs_apart(probe_input(64, weight.to(torch.bfloat16), seed=0))
     plain = outputs_apart(torch.randn(64, weight.shape[1], generator=torch.Generator().manual_seed(0)))
     assert probe >= 20 and probe > 4 * plain, (probe, plain)

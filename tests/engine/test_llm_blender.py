@@ -66,7 +66,7 @@ def test_stop_string_budget_and_eos(tiny, smol):
     assert "\n" not in gen.text and gen.stats.stop_reason == "stop"
     gen = decode(tiny.members, "The sum of 128 and 256 is", LLMBlenderConfig(), max_new_tokens=3, trace=True)
     assert gen.stats.stop_reason == "length" and gen.stats.tokens_generated == [3, 3]
-    chat = [type(smol)(smol.name, smol.tokenizer, smol.model, chat_template=True) for _ in range(2)]
+    chat = [type(smol)(smol.name, smol.tokenisation.tokenizer, smol.model, chat_template=True) for _ in range(2)]
     gen = decode(chat, "What is 2 + 2? Answer with one number.", LLMBlenderConfig(), max_new_tokens=40, trace=True)
     assert gen.stats.stop_reason == "eos" and gen.trace.steps[0].chosen == 0  # identical answers: no ranking
 

@@ -108,8 +108,8 @@ def test_the_tokenizer_files_are_the_hubs_own(paper_pair_dir):
 
 def test_the_configs_carry_the_papers_models_shape(llama, mistral):
     lc, mc = llama.model.config, mistral.model.config
-    assert (llama.vocab_size, mistral.vocab_size) == (128256, 32768)
-    assert (llama.max_positions, mistral.max_positions) == (131072, 32768)
+    assert (llama.runner.vocab_size, mistral.runner.vocab_size) == (128256, 32768)
+    assert (llama.runner.max_positions, mistral.runner.max_positions) == (131072, 32768)
     rope = lc.rope_parameters
     assert rope["rope_type"] == "llama3" and rope["rope_theta"] == 500000.0
     assert (rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]) == (8.0, 1.0, 4.0)
@@ -122,7 +122,7 @@ def test_the_configs_carry_the_papers_models_shape(llama, mistral):
 
 
 def test_llama_encodes_as_published(llama):
-    tok = llama.tokenizer
+    tok = llama.tokenisation.tokenizer
     assert tok("Hello world").input_ids == [128000, 9906, 1917]
     # llama-models' own tests: "This is a test sentence." and the chat header words
     assert tok("This is a test sentence.").input_ids == [128000, 2028, 374, 264, 1296, 11914, 13]
@@ -153,19 +153,21 @@ def test_llama_encodes_as_published(llama):
 def test_llama_matches_the_tiktoken_reference(llama, require):
     reference = _reference("llama_models", require)
     for text in TEXTS[:-1]:  # the last holds special-token text, which tiktoken refuses by default
-        assert llama.tokenizer(text).input_ids == reference.encode(text, bos=True, eos=False), text
+        assert llama.tokenisation.tokenizer(text).input_ids == reference.encode(text, bos=True, eos=False), text
 
 
 def test_llama_member_eos_and_control_ids(llama):
-    assert llama.eos_ids == {128001, 128008, 128009}
-    assert llama.control_ids == set(range(128000, 128256)) - llama.eos_ids  # 253 ids, <|begin_of_text|> among them
+    assert llama.tokenisation.eos_ids == {128001, 128008, 128009}
+    assert (
+        llama.tokenisation.control_ids == set(range(128000, 128256)) - llama.tokenisation.eos_ids
+    )  # 253 ids, <|begin_of_text|> among them
 
 
 # ---- Mistral v3 ---------------------------------------------------------------------------------
 
 
 def test_mistral_encodes_as_published(mistral):
-    tok = mistral.tokenizer
+    tok = mistral.tokenisation.tokenizer
     assert tok("Hello world").input_ids == [1, 23325, 2294]
     names = tok.convert_ids_to_tokens([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 769, 770, 771, 1026])
     assert names == [
@@ -202,8 +204,11 @@ def test_mistral_v3_instruct_text_encodes_as_mistral_common_does(mistral, requir
 
     ids = reference.encode_chat_completion(ChatCompletionRequest(messages=[UserMessage(content="Hello world")])).tokens
     assert ids == [1, 3, 23325, 2294, 4]
-    assert mistral.tokenizer("<s>[INST] Hello world[/INST]", add_special_tokens=False).input_ids == ids
-    assert mistral.tokenizer("[INST]Hello", add_special_tokens=False).input_ids == [3, 16998]  # "Hello", no "▁"
+    assert mistral.tokenisation.tokenizer("<s>[INST] Hello world[/INST]", add_special_tokens=False).input_ids == ids
+    assert mistral.tokenisation.tokenizer("[INST]Hello", add_special_tokens=False).input_ids == [
+        3,
+        16998,
+    ]  # "Hello", no "▁"
 
 
 def test_mistral_matches_sentencepiece_except_for_a_leading_space(mistral, require):
@@ -214,11 +219,13 @@ def test_mistral_matches_sentencepiece_except_for_a_leading_space(mistral, requi
     only after its context (`Member.align`), where both agree."""
     reference = _reference("mistral_common", require).instruct_tokenizer.tokenizer
     for text in TEXTS[:-1]:
-        assert mistral.tokenizer(text).input_ids == reference.encode(text, bos=True, eos=False), text
+        assert mistral.tokenisation.tokenizer(text).input_ids == reference.encode(text, bos=True, eos=False), text
     assert reference.encode(" leading", bos=False, eos=False) == [29473, 6142]
-    assert mistral.tokenizer.encode(" leading", add_special_tokens=False) == [6142]
+    assert mistral.tokenisation.tokenizer.encode(" leading", add_special_tokens=False) == [6142]
     prompt = "Question: what is the capital of France?\nAnswer:"
-    assert mistral.tokenizer(prompt + " Paris").input_ids == reference.encode(prompt + " Paris", bos=True, eos=False)
+    assert mistral.tokenisation.tokenizer(prompt + " Paris").input_ids == reference.encode(
+        prompt + " Paris", bos=True, eos=False
+    )
 
 
 def test_mistral_legacy_flag_changes_nothing_with_transformers_5(paper_pair_dir, mistral):
@@ -227,12 +234,12 @@ def test_mistral_legacy_flag_changes_nothing_with_transformers_5(paper_pair_dir,
     tokens included."""
     legacy = AutoTokenizer.from_pretrained(paper_pair_dir / MISTRAL, legacy=True)
     for text in TEXTS + [" leading", "<s>[INST]Hello[/INST] world", "</s>after"]:
-        assert legacy(text).input_ids == mistral.tokenizer(text).input_ids, text
+        assert legacy(text).input_ids == mistral.tokenisation.tokenizer(text).input_ids, text
 
 
 def test_mistral_member_eos_and_control_ids(mistral):
-    assert mistral.eos_ids == {2}
-    assert mistral.control_ids == set(range(771)) - {2}  # <unk>, <s>, [INST] ... [control_768]
+    assert mistral.tokenisation.eos_ids == {2}
+    assert mistral.tokenisation.control_ids == set(range(771)) - {2}  # <unk>, <s>, [INST] ... [control_768]
 
 
 # ---- both, as the engine uses them ---------------------------------------------------------------
@@ -241,14 +248,14 @@ def test_mistral_member_eos_and_control_ids(mistral):
 @pytest.mark.parametrize("which", [0, 1])
 def test_encode_text_never_makes_a_control_token_and_round_trips(paper_pair, which):
     member = paper_pair.members[which]
-    banned = member.control_ids | member.eos_ids
+    banned = member.tokenisation.control_ids | member.tokenisation.eos_ids
     for text in TEXTS + LITERALS:
-        ids = member.encode_text(text)
+        ids = member.tokenisation.encode_text(text)
         assert not banned & set(ids), (text, ids)
-        assert member.detokenizer.decode(ids) == text  # the engine's decode: no clean-up of spaces
+        assert member.tokenisation.detokenizer.decode(ids) == text  # the engine's decode: no clean-up of spaces
     # with the special tokens that a plain prompt takes: BOS first, and still no control token from the text
-    ids = member.encode_text(TEXTS[-1], add_special_tokens=True)
-    assert ids[0] == member.tokenizer.bos_token_id and not banned & set(ids[1:])
+    ids = member.tokenisation.encode_text(TEXTS[-1], add_special_tokens=True)
+    assert ids[0] == member.tokenisation.tokenizer.bos_token_id and not banned & set(ids[1:])
 
 
 @pytest.mark.parametrize("which", [0, 1])
@@ -260,7 +267,7 @@ def test_a_leading_space_after_the_prompt_is_read_as_the_model_reads_it(paper_pa
     drive(member.start(prompt))
     alignment = member.align("", " Paris")
     assert alignment.base == len(member.ids) and alignment.skip == 0
-    whole = member.tokenizer(prompt + " Paris").input_ids
+    whole = member.tokenisation.tokenizer(prompt + " Paris").input_ids
     assert member.ids + alignment.ids == whole
     assert member.text_of(alignment.ids) == " Paris"
     assert common_prefix(whole, member.ids) == len(member.ids)
@@ -270,7 +277,9 @@ def test_random_weights_are_confident_at_some_steps_and_not_at_others(paper_pair
     """Both kinds of AdaFuse round occur: top-1 minus top-2 >= 0.7 at a fair share of greedy steps."""
     script = make_paper_pair
     for member in paper_pair.members:
-        confident, total = script.confident_share(member.tokenizer, member.model, script.MEASURE_PROMPTS[:2], steps=12)
+        confident, total = script.confident_share(
+            member.tokenisation.tokenizer, member.model, script.MEASURE_PROMPTS[:2], steps=12
+        )
         assert 0.2 <= confident / total <= 0.8, (member.name, confident, total)
 
 
@@ -294,12 +303,17 @@ def test_qwen3_shape_builds_with_the_hubs_tokenizer_files(tmp_path, require):
     digest = hashlib.sha256((path / "tokenizer.json").read_bytes()).hexdigest()
     assert digest == "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
     (qwen,) = Ensemble.from_config([ModelConfig(name="qwen3_8b", path=str(path), dtype="float32")]).members
-    assert type(qwen.model).__name__ == "Qwen3ForCausalLM" and qwen.vocab_size == 151936
-    assert qwen.tokenizer("Hello world").input_ids == [9707, 1879]  # no BOS: Qwen adds none
-    assert qwen.tokenizer.convert_ids_to_tokens([151643, 151645, 151667, 151668]) == [
+    assert type(qwen.model).__name__ == "Qwen3ForCausalLM" and qwen.runner.vocab_size == 151936
+    assert qwen.tokenisation.tokenizer("Hello world").input_ids == [9707, 1879]  # no BOS: Qwen adds none
+    assert qwen.tokenisation.tokenizer.convert_ids_to_tokens([151643, 151645, 151667, 151668]) == [
         "<|endoftext|>", "<|im_end|>", "<think>", "</think>"]  # fmt: skip
-    assert qwen.eos_ids == {151643, 151645}
-    assert qwen.control_ids == set(range(151644, 151669)) - {151645}  # <think> among them, though not "special"
+    assert qwen.tokenisation.eos_ids == {151643, 151645}
+    assert qwen.tokenisation.control_ids == set(range(151644, 151669)) - {
+        151645
+    }  # <think> among them, though not "special"
     for text in TEXTS + LITERALS + ["<think>", "</think>", "<|im_end|>"]:
-        ids = qwen.encode_text(text)
-        assert not (qwen.control_ids | qwen.eos_ids) & set(ids) and qwen.detokenizer.decode(ids) == text
+        ids = qwen.tokenisation.encode_text(text)
+        assert (
+            not (qwen.tokenisation.control_ids | qwen.tokenisation.eos_ids) & set(ids)
+            and qwen.tokenisation.detokenizer.decode(ids) == text
+        )

@@ -115,6 +115,10 @@ def test_every_method_writes_text_and_no_control_token(paper_pair, paper_pair_bf
                 assert REPLACEMENT not in gen.text, (type(cfg).__name__, prompt, gen.text)
             if not isinstance(cfg, SingleConfig):  # `single` keeps them in its ids, as generate() does
                 used = pair.members
-                assert not any(set(ids) & m.control_ids for m, ids in zip(used, gen.ids)), (cfg, prompt)
+                assert not any(set(ids) & m.tokenisation.control_ids for m, ids in zip(used, gen.ids)), (cfg, prompt)
             for m in pair.members:
-                assert not any(m.tokenizer.decode([c]) in gen.text for c in m.control_ids if c > 127999 or c < 11)
+                assert not any(
+                    m.tokenisation.tokenizer.decode([c]) in gen.text
+                    for c in m.tokenisation.control_ids
+                    if c > 127999 or c < 11
+                )

@@ -196,8 +196,8 @@ def test_long_generations_agree_with_reference_through_cut_backs_and_foreign_win
 
 def test_chat_template_members_agree_with_reference(tiny_shaped):
     smol = tiny_shaped[0]
-    smol_chat = type(smol)(smol.name, smol.tokenizer, smol.model, chat_template=True)
+    smol_chat = type(smol)(smol.name, smol.tokenisation.tokenizer, smol.model, chat_template=True)
     members = [smol_chat, clone(tiny_shaped[1])]  # SmolLM2 reads its ChatML rendering; Gemma has no template
     for prompt, stop, _ in [PROMPTS[0], PROMPTS[3]]:
         gen = assert_adafuse_agrees(members, prompt, stop, 4, AdaFuseConfig())
-        assert gen.trace.prompt_ids[0][:1] == smol_chat.tokenizer.convert_tokens_to_ids(["<|im_start|>"])
+        assert gen.trace.prompt_ids[0][:1] == smol_chat.tokenisation.tokenizer.convert_tokens_to_ids(["<|im_start|>"])

@@ -6,6 +6,7 @@ import threading
 import pytest
 import torch
 
+from adafuse.backend.cpu import CpuExactBackend
 from adafuse.engine.executor import Executor
 from adafuse.engine.loop import drive
 from adafuse.ensemble import resolve_method
@@ -54,18 +55,17 @@ def test_a_solo_session_starts_from_nothing_on_the_same_request(tiny):
 
 def test_unbatched_members_read_in_the_same_step_and_their_passes_run_side_by_side(tiny, monkeypatch):
     """Unbatched, AdaFuse's members ask for their passes in the same engine step, and on the CPU the second
-    member's passes run on a thread of their own (adafuse/engine/executor.py); the generation (text, ids, every
+    member's passes run on a thread of their own (adafuse/backend/cpu/__init__.py); the generation (text, ids, every
     score of the trace) is the one of running every pass on the engine's thread."""
     prompt = "Question: What is the capital of France?\nAnswer:"
     threads = {m.name: set() for m in tiny.members}
-    for m in tiny.members:
-        forward = m.forward_alone
+    names, run = {id(m.model): m.name for m in tiny.members}, CpuExactBackend.run
 
-        def spy(*args, _forward=forward, _name=m.name, **kwargs):
-            threads[_name].add(threading.get_ident())
-            return _forward(*args, **kwargs)
+    def spy(self, p, context):
+        threads[names[id(p.model.model)]].add(threading.get_ident())
+        return run(self, p, context)
 
-        monkeypatch.setattr(m, "forward_alone", spy)
+    monkeypatch.setattr(CpuExactBackend, "run", spy)
     tiny.decode(prompt, max_new_tokens=1)  # both runs below then find the prompt stored, and read its last token
     spec, cfg = resolve_method("adafuse", {})
     request = Request(prompt, ("\n",), 8, trace=True)

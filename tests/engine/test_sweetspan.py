@@ -94,9 +94,9 @@ def test_stop_string_budget_and_eos(tiny, smol):
     last = gen.trace.steps[-1]
     stopped = [c.text for c in last.candidates if "\n" in c.text]
     assert stopped and all(t.split("\n", 1)[1].strip() == "" for t in stopped)
-    chat = [type(smol)(smol.name, smol.tokenizer, smol.model, chat_template=True) for _ in range(2)]
+    chat = [type(smol)(smol.name, smol.tokenisation.tokenizer, smol.model, chat_template=True) for _ in range(2)]
     gen = decode(chat, "What is 2 + 2? Answer with one number.", SweetSpanConfig(), max_new_tokens=40, trace=True)
     assert gen.stats.stop_reason == "eos"
     winner = gen.trace.steps[-1].candidates[gen.trace.steps[-1].winner]
     assert winner.eos and all(s.eos for s in winner.scores)  # its score includes the eos token
-    assert all(i not in smol.eos_ids for i in gen.ids[0])
+    assert all(i not in smol.tokenisation.eos_ids for i in gen.ids[0])

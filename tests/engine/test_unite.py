@@ -48,18 +48,18 @@ def test_a_string_missing_from_a_vocabulary_maps_to_its_first_subtoken_that_is_n
     v_smol, v_gemma = vocabulary_of(smol), vocabulary_of(gemma)
     # " Größe" is one Gemma token; SmolLM2 spells it "ĠGr" "Ã¶" "ÃŁ" "e": its value is p("ĠGr").
     assert v_gemma.ids_of(" Größe") and not v_smol.ids_of(" Größe")
-    probs = torch.softmax(torch.randn(smol.vocab_size, generator=torch.Generator().manual_seed(0)), dim=0)
-    first = smol.encode_text(" Größe")[0]
+    probs = torch.softmax(torch.randn(smol.runner.vocab_size, generator=torch.Generator().manual_seed(0)), dim=0)
+    first = smol.tokenisation.encode_text(" Größe")[0]
     assert v_smol.texts[first] == " Gr"
     assert unite.member_value(smol, v_smol, probs, " Größe", {}) == pytest.approx(probs[first].item())
     # A whole token is looked up, summed over every id that spells it (Gemma: "\n" and <0x0A>).
-    probs = torch.softmax(torch.randn(gemma.vocab_size, generator=torch.Generator().manual_seed(1)), dim=0)
+    probs = torch.softmax(torch.randn(gemma.runner.vocab_size, generator=torch.Generator().manual_seed(1)), dim=0)
     newline = v_gemma.ids_of("\n")
     assert len(newline) == 2
     assert unite.member_value(gemma, v_gemma, probs, "\n", {}) == pytest.approx(probs[newline].sum().item())
     # Bare-space tokens are found from the vocabulary (never hard-coded ids) and skipped.
-    assert {smol.tokenizer.convert_ids_to_tokens(i) for i in v_smol.bare_space} == {"Ġ"}
-    assert {gemma.tokenizer.convert_ids_to_tokens(i) for i in v_gemma.bare_space} == {"▁", "<0x20>"}
+    assert {smol.tokenisation.tokenizer.convert_ids_to_tokens(i) for i in v_smol.bare_space} == {"Ġ"}
+    assert {gemma.tokenisation.tokenizer.convert_ids_to_tokens(i) for i in v_gemma.bare_space} == {"▁", "<0x20>"}
     space = sorted(v_gemma.bare_space)[0]
     assert first_subtoken([space, 42], v_gemma) == 42 and first_subtoken([space], v_gemma) == space
 

@@ -136,8 +136,10 @@ def choice_logprob(member, context: str, continuation: str) -> float:
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
-    context_ids = member.tokenizer(context)["input_ids"]
-    return full_pass(member, context_ids, member.tokenizer(context + continuation)["input_ids"][len(context_ids) :])
+    context_ids = member.tokenisation.tokenizer(context)["input_ids"]
+    return full_pass(
+        member, context_ids, member.tokenisation.tokenizer(context + continuation)["input_ids"][len(context_ids) :]
+    )
 
 
 def test_ensemble_loglikelihood_is_the_mean_of_its_members(task_dir):
@@ -156,7 +158,11 @@ def test_ensemble_loglikelihood_is_the_mean_of_its_members(task_dir):
     [rolling] = model.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
     # the text's ids without special tokens, after the member's BOS id (SmolLM2 has one, as does Gemma)
     per_member = [
-        full_pass(m, [m.tokenizer.bos_token_id], m.tokenizer(text, add_special_tokens=False)["input_ids"])
+        full_pass(
+            m,
+            [m.tokenisation.tokenizer.bos_token_id],
+            m.tokenisation.tokenizer(text, add_special_tokens=False)["input_ids"],
+        )
         for m in members
     ]
     assert rolling == pytest.approx(sum(per_member) / len(per_member), abs=1e-3)
@@ -170,9 +176,9 @@ def test_contexts_that_share_exemplars_read_them_once_and_score_the_same_in_any_
     requests = [(shots + f"Question: {question}\nAnswer:", answer) for question, answer in asked]
     members = [clone(m) for m in tiny.members]
     for member in members:
-        member.prompts = PromptStore()
+        member.runner.prompts = PromptStore()
     forward = loglikelihood(members, requests)
-    assert all(len(member.prompts.entries) == 1 for member in members)
+    assert all(len(member.runner.prompts.entries) == 1 for member in members)
     assert loglikelihood(members, requests[::-1])[::-1] == forward
 
 

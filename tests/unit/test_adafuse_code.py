@@ -16,7 +16,7 @@ GSM_PROMPT = "Question: 2 + 2?\nLet's think step by step\n2 + 2 = 4.\n\nQuestion
 
 def member(pieces: dict[int, str]):
     """A stand-in member that decodes each id to a fixed piece."""
-    return SimpleNamespace(decode=lambda ids: "".join(pieces[i] for i in ids))
+    return SimpleNamespace(tokenisation=SimpleNamespace(decode=lambda ids: "".join(pieces[i] for i in ids)))
 
 
 @pytest.mark.parametrize(

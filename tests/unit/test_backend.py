@@ -1,5 +1,5 @@
-"""The backend (adafuse/backend/__init__.py): it checks the installed transformers and a model for every feature the
-engine relies on, naming what is missing, and installs itself on a model once."""
+"""The backend seam (adafuse/backend/): it checks the installed transformers and a model for every feature the
+engine relies on, naming what is missing, prepares a model once, and is one per device type."""
 
 import importlib
 
@@ -7,8 +7,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, masking_utils, modeling_gguf_pytorch_utils
 
-from adafuse.backend import Backend, backend_for, check_model, check_transformers
-from adafuse.backend.invariance import PREFIX
+from adafuse.backend import backend_for, check_model, check_transformers
+from adafuse.backend.attention import PREFIX
+from adafuse.backend.cpu.projection import BlockedHead
+from adafuse.backend.exact import ExactBackend
+from adafuse.backend.tiles import TiledHead, TiledLinear
 from adafuse.errors import BackendError
 
 
@@ -19,7 +22,7 @@ def installed_transformers():
 
 
 def test_the_installed_transformers_has_every_feature():
-    assert check_transformers().version == installed_transformers().__version__
+    assert check_transformers() == installed_transformers().__version__
 
 
 def test_an_old_transformers_is_refused_naming_the_version(monkeypatch):
@@ -55,17 +58,19 @@ def test_a_model_without_what_the_engine_uses_is_refused_naming_it():
         check_model(model)
 
 
-def test_install_wraps_a_model_once_and_the_backend_is_one_per_device_type():
+def test_prepare_changes_a_model_once_and_the_backend_is_one_per_device_type():
     backend = backend_for(torch.device("cpu"))
     assert backend_for(torch.device("cpu")) is backend and backend.cores is not None
     model = tiny_llama()
-    installed = backend.install(model)
-    forward = model.lm_head.forward
-    assert backend.install(model) is installed and model.lm_head.forward is forward  # not wrapped twice
-    assert installed.splits_attention and model.config._attn_implementation.startswith(PREFIX)
-    assert not installed.blocked_head  # a head narrower than the blocks pay for keeps one multiply
+    prepared = backend.prepare(model)
+    assert backend.prepare(model) is prepared and type(model.lm_head) is TiledHead  # not changed twice
+    assert prepared.splits_attention and model.config._attn_implementation.startswith(PREFIX)
+    assert all(
+        type(m) is TiledLinear for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model.lm_head
+    )
+    assert not isinstance(model.lm_head, BlockedHead)  # a head narrower than the blocks pay for keeps one multiply
 
 
-def test_off_the_cpu_the_cpu_only_devices_are_off():
-    backend = Backend("cuda")
-    assert backend.cores is None and not backend.side_by_side and backend.probes.cores is None
+def test_off_the_cpu_the_cpu_only_parts_are_off():
+    backend = ExactBackend("cuda")
+    assert backend.probes.cores is None and backend.name == "cuda-exact"

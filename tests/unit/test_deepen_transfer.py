@@ -21,26 +21,41 @@ PIECES_A = ["<eos>", "Ġthe", "Ġcat", "Ġsat", "Ġon", "Ġmat", "Ċ", "a", "b",
 PIECES_B = ["<eos>", "▁the", "▁cat", "▁sat", "▁on", "▁mat", "<0x0A>", "a", "b", "c", "▁bird", "z", "w"]
 
 
-class FakeMember:
-    """What the preparation reads from a member: its vocabulary's bytes, control/eos ids, embeddings."""
+class FakeTokenisation:
+    """What the preparation reads of a member's tokenisation: its vocabulary's bytes and control/eos ids."""
 
-    def __init__(self, name: str, pieces: list[str], seed: int, hidden: int = 8):
-        self.name = name
+    def __init__(self, pieces: list[str]):
         self.pieces = pieces
-        self.vocab_size = len(pieces)
         self.eos_ids = frozenset({0})
         self.control_ids = frozenset()
-        self.weight = torch.randn(len(pieces), hidden, generator=torch.Generator().manual_seed(seed))
-        self.model = torch.nn.Module()  # the embeddings' digest is remembered per model object
+
+    def vocabulary_bytes(self):
+        return vocabulary_bytes(FakeTokenizer(self.pieces), len(self.pieces))
+
+    def encode_text(self, text: str) -> list[int]:
+        return []
+
+
+class FakeRunner:
+    """What it reads of a member's weights: the logits' width and the input embeddings."""
+
+    def __init__(self, vocab_size: int, weight: torch.Tensor):
+        self.vocab_size = vocab_size
+        self.weight = weight
 
     def input_embeddings(self) -> torch.Tensor:
         return self.weight
 
-    def vocabulary_bytes(self):
-        return vocabulary_bytes(FakeTokenizer(self.pieces), self.vocab_size)
 
-    def encode_text(self, text: str) -> list[int]:
-        return []
+class FakeMember:
+    """A member as the preparation reads it: a name, a tokenisation, a runner and a model object."""
+
+    def __init__(self, name: str, pieces: list[str], seed: int, hidden: int = 8):
+        self.name = name
+        self.tokenisation = FakeTokenisation(pieces)
+        weight = torch.randn(len(pieces), hidden, generator=torch.Generator().manual_seed(seed))
+        self.runner = FakeRunner(len(pieces), weight)
+        self.model = torch.nn.Module()  # the embeddings' digest is remembered per model object
 
 
 @pytest.fixture
@@ -173,7 +188,7 @@ def test_a_pairs_matrices_live_no_longer_than_its_models(fresh):
     members = [FakeMember("a", PIECES_A, 1), FakeMember("b", PIECES_B, 2)]
     first = prepare(members, fresh)
     assert prepare(members, fresh) == first  # remembered while the models live
-    weights = [weakref.ref(m.weight) for m in members]
+    weights = [weakref.ref(m.runner.weight) for m in members]
     del members, first
     gc.collect()
     assert all(w() is None for w in weights)

@@ -1,26 +1,29 @@
-"""The engine loop (adafuse/engine/loop.py) and `together` (adafuse/member/passes.py) on scripted programs: what each step
-asks the executor for, in which row order, what every program gets back, and how a run ends. No model: the
-executor here answers each request with its own name and counts its steps; tests/engine/ runs real ones."""
+"""The engine loop (adafuse/engine/loop.py) and `together` (adafuse/member/passes.py) on scripted programs: what
+each step asks the executor for, in which row order, what every program gets back, and how a run ends. No model:
+the executor here answers each request with its own name and counts its steps; tests/engine/ runs real ones."""
 
 import pytest
 
-from adafuse.engine.loop import PLACES, Engine, decode_many, drive
+from adafuse.engine.loop import Engine, decode_many, drive
 from adafuse.member.passes import together
 
 
 class Recording:
-    """An executor that answers every request with (request, step) and records each step's (place, request)s."""
+    """An executor that answers every request with (request, step) and records each step's requests in row order
+    (a request's place is its index) and how many examples were in flight."""
 
     def __init__(self):
-        self.steps: list[list[tuple[int, str]]] = []
-        self.closed = False
+        self.steps: list[list[str]] = []
+        self.in_flight: list[int] = []
 
-    def run(self, requests):
+    def plan(self, requests):
+        return [("one pass", len(requests))]
+
+    def run(self, plans, requests, examples):
+        assert plans == [("one pass", len(requests))]  # the plan the executor made for these requests
         self.steps.append(list(requests))
-        return [(request, len(self.steps)) for _, request in requests]
-
-    def close(self):
-        self.closed = True
+        self.in_flight.append(examples)
+        return [(request, len(self.steps)) for request in requests]
 
 
 class Clone:
@@ -49,9 +52,8 @@ def asks(name: str, times: int, log: list | None = None):
 def test_together_asks_for_every_program_s_next_pass_in_one_step_and_returns_in_order():
     executor = Recording()
     got = drive(together([asks("a", 2), asks("b", 3), asks("c", 0)]), executor)
-    assert [[r for _, r in step] for step in executor.steps] == [["a:0", "b:0"], ["a:1", "b:1"], ["b:2"]]
+    assert executor.steps == [["a:0", "b:0"], ["a:1", "b:1"], ["b:2"]]
     assert got == [[("a:0", 1), ("a:1", 2)], [("b:0", 1), ("b:1", 2), ("b:2", 3)], []]
-    assert executor.closed
 
 
 def test_a_program_that_asks_with_a_list_gets_a_list_and_one_that_asks_for_one_gets_one():
@@ -83,10 +85,9 @@ def test_examples_step_together_in_slot_order_and_slots_are_refilled_at_the_next
     lengths = {"p": 1, "q": 3, "r": 2}
     done = list(decode_many(members, list(lengths), lambda slot, name: asks(name, lengths[name]), 2, executor))
     assert [key for key, _ in done] == ["p", "r", "q"]  # r and q end in the same step: in slot order
-    # step 1: p and q; p finishes, so r takes slot 0 at step 2, beside q
-    assert executor.steps[0] == [(0, "p:0"), (PLACES, "q:0")]
-    assert executor.steps[1] == [(0, "r:0"), (PLACES + 0, "q:1")]
-    assert executor.closed
+    # step 1: p and q; p finishes, so r takes slot 0 at step 2, beside q: slot 0's requests come first
+    assert executor.steps[:2] == [["p:0", "q:0"], ["r:0", "q:1"]]
+    assert executor.in_flight == [2, 2, 2]
 
 
 def test_a_failing_example_ends_the_run_closing_every_program_in_flight():

@@ -1,4 +1,4 @@
-"""Kernel probe verdicts on disk (adafuse/backend/probe_store.py, owned by adafuse/backend/__init__.py): a second process in the
+"""Kernel probe verdicts on disk (adafuse/backend/probe_store.py, owned by the backend): a second process in the
 same environment reads what the first probed and gets the same bits without probing; another environment, a
 damaged line, two verdicts for one key or a store that cannot be written each fall back to probing."""
 
@@ -13,21 +13,23 @@ import torch
 
 from adafuse.backend.probe_store import ProbeStore, Verdicts, store_path
 
-# One process multiplies rows of a fixed weight through the row tiles (adafuse/backend/invariance.py), counting the
+# One process multiplies rows of a fixed weight through a row-tiled layer (adafuse/backend/tiles.py), counting the
 # probe inputs it builds; with PROBE_FAILS set, building one raises, so every verdict must come from the store.
 MULTIPLY = """
 import json, os, sys, torch
-from adafuse.backend import invariance
-from adafuse.backend import backend_for
+from adafuse.backend import backend_for, tiles
 if os.environ.get("PROBE_FAILS"):
     def refuse(*args, **kwargs):
         raise AssertionError("probed although the store holds the verdict")
-    invariance._probe_input = refuse
+    tiles.probe_input = refuse
 probes = backend_for(torch.device("cpu")).probes
-weight = torch.randn(96, 320, generator=torch.Generator().manual_seed(0))
+layer = torch.nn.Linear(320, 96, bias=False)
+layer.weight.data = torch.randn(96, 320, generator=torch.Generator().manual_seed(0))
+layer.__class__ = tiles.TiledLinear
 x = torch.randn(9, 320, generator=torch.Generator().manual_seed(1))
-out = invariance.tiled_linear(probes, x, weight)
-print(json.dumps({"tile": invariance.tile_rows(probes, weight, None), "out": out.flatten().tolist()}))
+with torch.inference_mode():
+    out = layer(x)
+print(json.dumps({"tile": tiles.tile_rows(probes, layer.weight, None), "out": out.flatten().tolist()}))
 """
 
 

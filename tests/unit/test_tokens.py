@@ -74,8 +74,8 @@ def test_choose_takes_the_most_probable_allowed_token():
 def test_a_real_vocabularys_bytes_spell_what_its_tokenizer_encodes(tiny, which):
     member = tiny.members[which]
     for text in ["Straße, Größe, Übermut", " I love pizza 🍕 because", "日本の首都は", "a\n\nb\tc  d"]:
-        encoded = member.tokenizer.encode(text, add_special_tokens=False)
-        spelled = b"".join(member.tokens.bytes[i] for i in encoded).decode("utf-8")
+        encoded = member.tokenisation.tokenizer.encode(text, add_special_tokens=False)
+        spelled = b"".join(member.tokenisation.tokens.bytes[i] for i in encoded).decode("utf-8")
         assert spelled.lstrip(" ") == text.lstrip(" ")  # SentencePiece may add or drop a first space
 
 
@@ -90,7 +90,7 @@ def test_which_tokens_may_start_is_the_incremental_decoders_answer_for_every_rea
             return False
         return True
 
-    tokens = tiny.members[which].tokens
+    tokens = tiny.members[which].tokenisation.tokens
     expected = torch.tensor([b is None or accepted(b) for b in tokens.bytes])
     assert torch.equal(tokens.can_start, expected)
     assert not expected.all() and expected.any()  # both answers occur in a real vocabulary
@@ -113,7 +113,9 @@ def wordpiece_member() -> Member:
 def test_a_vocabulary_of_no_known_type_turns_the_rule_off_with_one_warning_and_a_run_records_it(caplog):
     member = wordpiece_member()
     with caplog.at_level(logging.WARNING, logger="adafuse.text.tokens"):
-        assert member.tokens.kind is None and member.tokens.kind is None  # built once for the tokenizer
+        assert (
+            member.tokenisation.tokens.kind is None and member.tokenisation.tokens.kind is None
+        )  # built once for the tokenizer
     warned = [r.getMessage() for r in caplog.records if "UTF-8 rule is off" in r.getMessage()]
     assert len(warned) == 1 and "cannot tell the tokenizer type" in warned[0]
     runtime = {"torch": "2", "models": [{"name": "wordpiece", "device": "cpu", "dtype": "float32", "gpu": None}]}

@@ -52,8 +52,8 @@ TEXTS = [
 
 def segment(member, context: str, text: str) -> list[str]:
     """Split `text` into words as greedy decoding would, feeding its real tokens one by one."""
-    ctx = member.encode(context)
-    full = member.encode(context + text)
+    ctx = member.tokenisation.encode(context)
+    full = member.tokenisation.encode(context + text)
     assert full[: len(ctx)] == ctx
     ids, words, current = full[len(ctx) :], [], []
     for i, token in enumerate(ids):
@@ -80,8 +80,8 @@ def test_in_context_decoding_equals_decoding_the_whole_text(tiny):
     rng = random.Random(0)
     text = "".join(TEXTS) * 3
     for member in tiny.members:
-        ids = member.encode(text)
-        decode = member.detokenizer.decode
+        ids = member.tokenisation.encode(text)
+        decode = member.tokenisation.detokenizer.decode
         for _ in range(300):
             cut = rng.randrange(1, len(ids) - 1)
             span = ids[cut : cut + rng.randrange(1, 12)]

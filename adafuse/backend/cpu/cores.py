@@ -1,15 +1,15 @@
-"""The CPU's cores, shared by threads that multiply side by side (a CPU-only device of adafuse/backend/__init__.py).
+"""The CPU's cores, shared by threads that multiply side by side (adafuse/backend/cpu/__init__.py).
 
-On the CPU the engine runs different models' passes of one step on threads of their own, side by side
-(adafuse/engine/executor.py), and the blocked vocabulary projection lets a kept thread take blocks while a core is
-free (adafuse/backend/cpu/projection.py). Left alone, each pass's multiplies ask MKL for every core, so two passes at once
-run twice as many compute threads as there are cores, and each thread spends much of its time waiting for a
-core the other holds. Inside `CoreShare.joined`, a thread's multiplies use its share of the cores: the torch
-thread count divided by the threads of the share still running, so one each while two run, and all of them
-for the last one left.
+On the CPU the backend runs different models' passes of one step on threads of their own, side by side, and
+the blocked vocabulary projection lets a kept thread take blocks while a core is free
+(adafuse/backend/cpu/projection.py). Left alone, each pass's multiplies ask MKL for every core, so two passes
+at once run twice as many compute threads as there are cores, and each thread spends much of its time waiting
+for a core the other holds. A thread that runs its passes in a `CoreShare` (the forward context's `share`,
+adafuse/backend/forward.py) multiplies on its share of the cores: the torch thread count divided by the
+threads of the share still running, so one each while two run, and all of them for the last one left.
 
 Only MKL's count changes, per thread (`MKL_Set_Num_Threads_Local`), and only where it keeps the bits:
-adafuse/backend/invariance.py runs a multiply with fewer threads only where a probe (once per kernel, row count and
+adafuse/backend/tiles.py runs a multiply with fewer threads only where a probe (once per kernel, row count and
 thread count) shows that it gives the bits it gets with all of them. Attention and the other OpenMP kernels
 keep their thread count: the one-query path of attention splits its work by threads, and its bits change
 with them. Where MKL's per-thread count cannot be set (a build without MKL), nothing changes.
@@ -24,27 +24,18 @@ from pathlib import Path
 
 import torch
 
-_JOINED = threading.local()  # .share: the CoreShare the calling thread runs in, if any
-
 
 class CoreShare:
-    """`threads` threads that run side by side; each runs its part inside `joined()`."""
+    """`threads` threads that run side by side, each in a forward context that names this share; each calls
+    `leave` when its part is done, and the ones still running get its cores."""
 
     def __init__(self, threads: int):
         self.running = threads
         self.lock = threading.Lock()
 
-    @contextlib.contextmanager
-    def joined(self):
-        """The calling thread's part: its multiplies use its share of the cores until it leaves."""
-        outer = getattr(_JOINED, "share", None)
-        _JOINED.share = self
-        try:
-            yield
-        finally:
-            _JOINED.share = outer
-            with self.lock:
-                self.running -= 1
+    def leave(self) -> None:
+        with self.lock:
+            self.running -= 1
 
 
 class Cores:
@@ -75,17 +66,16 @@ class Cores:
         """Can a thread's MKL multiplies be limited to its share of the cores?"""
         return self._set_local is not None
 
-    def blas_threads(self) -> int | None:
-        """The MKL threads of the calling thread's share of the cores now, or None: all of them (it shares
-        nothing, the others of its share have ended, or MKL's count cannot be set per thread)."""
-        share = getattr(_JOINED, "share", None)
+    def blas_threads(self, share: CoreShare | None) -> int | None:
+        """The MKL threads of a thread's part of `share` now, or None: all of them (it shares nothing, the
+        others of its share have ended, or MKL's count cannot be set per thread)."""
         if share is None or self._set_local is None or share.running <= 1:
             return None
         return max(1, torch.get_num_threads() // share.running)
 
-    def free_cores(self) -> int:
-        """The cores the calling thread may use now: its share's, or all of them (the torch thread count)."""
-        return self.blas_threads() or torch.get_num_threads()
+    def free_cores(self, share: CoreShare | None) -> int:
+        """The cores a thread of `share` may use now: its part's, or all of them (the torch thread count)."""
+        return self.blas_threads(share) or torch.get_num_threads()
 
     @contextlib.contextmanager
     def mkl_threads(self, count: int | None):

@@ -8,44 +8,45 @@ dimension, so every logit keeps the bits of one multiply over the whole matrix w
 (tests/engine/test_projection.py checks it on both bundled models' heads); only the time changes
 (docs/speed.md, "The vocabulary projection on the CPU").
 
-Each block is multiplied in row tiles like every other linear layer (adafuse/backend/invariance.py
-`tiled_linear`): the rows are padded to whole tiles once, and every block's multiply is probed as its own
-kernel. A blocked head is blocked for every number of rows, one included, so that a row's logits never
-depend on how many rows its pass had (blocks of a different shape would be another kernel). Blocks go
-in runs of HELPER_CHECK, each run one batched multiply (`block_products`) where a probe shows that it gives
-every block the bits of its own multiply: a loop over blocks in Python took and dropped Python's lock at
-every block, and the other model's pass, on a thread beside it, waited for it each time.
+Each block is multiplied in row tiles like every other linear layer (adafuse/backend/tiles.py): the rows are
+padded to whole tiles once, and every block's multiply is probed as its own kernel. A blocked head is blocked
+for every number of rows, one included, so that a row's logits never depend on how many rows its pass had
+(blocks of a different shape would be another kernel). Blocks go in runs of HELPER_CHECK, each run one batched
+multiply (`block_products`) where a probe shows that it gives every block the bits of its own multiply: a loop
+over blocks in Python took and dropped Python's lock at every block, and the other model's pass, on a thread
+beside it, waited for it each time.
 
 MKL does not divide a multiply of a few rows between threads, so with a core to spare (a model decoding
-alone, or the other model's pass of the turn over: adafuse/backend/cpu/cores.py) a kept thread takes blocks too, each
-thread on one MKL thread, where a probe shows that one thread gives a block its bits. Which thread
+alone, or the other model's pass of the step over: adafuse/backend/cpu/cores.py) a kept thread takes blocks
+too, each thread on one MKL thread, where a probe shows that one thread gives a block its bits. Which thread
 multiplies a block never changes its bits.
 
 Heads where blocks cost more than they save keep one multiply (docs/speed.md, the projection's figures): bfloat16
 ones, whose CPU kernels were slower in blocks at every size measured, Gemma-3's real head included; and
 heads with a narrow inner dimension (under `MIN_HIDDEN`: the tests' tiny models), where each block is
-too little work to pay for its call. On any other device the layer is left alone: a GPU picks its
-kernels by shape, and the tiles of adafuse/backend/invariance.py already fix that shape.
+too little work to pay for its call. The CPU backend alone blocks a head (adafuse/backend/cpu/__init__.py).
 """
 
-import functools
 import itertools
 import weakref
 
 import torch
+import torch.nn.functional as F
 
 from adafuse.backend.cpu.cores import Cores
-from adafuse.backend.invariance import (
+from adafuse.backend.forward import current
+from adafuse.backend.live import only_live
+from adafuse.backend.tiles import (
     KernelProbes,
-    batched_blocks_keep_bits,
-    block_products,
     fewer_threads_keep_bits,
+    kernel_key,
     linear,
     linear_threads,
     multiply_in_tiles,
     one_call_is_tiled,
-    only_live,
     pad_to_tiles,
+    probe_input,
+    probes_for,
 )
 
 BLOCK_ROWS = 512
@@ -53,23 +54,30 @@ MIN_HIDDEN = 256
 HELPER_CHECK = 16  # blocks in a run: one call each, and a look for a free core between runs
 
 
-def block_output_projection(model, probes: KernelProbes) -> None:
-    """Make the model's output embeddings multiply in blocks on the CPU (idempotent)."""
+class BlockedHead(torch.nn.Linear):
+    """The vocabulary projection multiplied one block of rows at a time (module docstring), each block in row
+    tiles; logits only where the pass reads them (adafuse/backend/live.py). In a pass whose forward context
+    turns tiles off, one stock multiply."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        context = current()
+        if not context.tiles:
+            return only_live(x, self.out_features, lambda flat: F.linear(flat, self.weight, self.bias), pack=True)
+        probes = probes_for("cpu")
+        return only_live(x, self.out_features, lambda flat: _blocked_rows(self, probes, flat, context.share), True)
+
+
+def block_output_projection(model) -> bool:
+    """Make the model's output embeddings a `BlockedHead` where blocks pay (module docstring); idempotent.
+    Whether its head is blocked now."""
     head = model.get_output_embeddings()
-    if not isinstance(head, torch.nn.Linear) or head.weight.device.type != "cpu":
-        return
-    if head.weight.dtype != torch.float32 or head.in_features < MIN_HIDDEN:
-        return
-    if not getattr(head, "_adafuse_blocked", False):
-        head.forward = functools.partial(_blocked, head, probes)
-        head._adafuse_blocked = True
+    if type(head) is torch.nn.Linear and head.weight.device.type == "cpu":
+        if head.weight.dtype == torch.float32 and head.in_features >= MIN_HIDDEN:
+            head.__class__ = BlockedHead
+    return isinstance(head, BlockedHead)
 
 
-def _blocked(head: torch.nn.Linear, probes: KernelProbes, x: torch.Tensor) -> torch.Tensor:
-    return only_live(x, head.weight.shape[0], lambda flat: _blocked_rows(head, probes, flat), pack=True)
-
-
-def _blocked_rows(head: torch.nn.Linear, probes: KernelProbes, flat: torch.Tensor) -> torch.Tensor:
+def _blocked_rows(head: torch.nn.Linear, probes: KernelProbes, flat: torch.Tensor, share) -> torch.Tensor:
     rows, (blocks, stacked, runs) = flat.shape[0], _blocks(head)
     cores = probes.cores
     # block shape -> the rows padded to its tiles, whether one call keeps their bits, and whether one MKL
@@ -94,18 +102,18 @@ def _blocked_rows(head: torch.nn.Linear, probes: KernelProbes, flat: torch.Tenso
         else one by one into their columns of `out`."""
         w, b = blocks[run.start]
         x, whole, _ = padded[w.shape]
-        threads = 1 if on_free_cores else linear_threads(probes, w, b, x.shape[0])
+        threads = 1 if on_free_cores else linear_threads(probes, w, b, x.shape[0], share)
         batched = whole and stacked is not None and run.stop <= len(stacked)
         if batched and batched_blocks_keep_bits(probes, stacked, x.shape[0], threads):
             with cores.mkl_threads(threads):
                 products[run.start] = block_products(x, stacked[run.start : run.stop])
             return
         for i in run:
-            block = (linear if whole else multiply_in_tiles)(probes, x, *blocks[i])
+            block = (linear if whole else multiply_in_tiles)(probes, x, *blocks[i], share)
             out[:, i * BLOCK_ROWS : i * BLOCK_ROWS + w.shape[0]] = block[:rows]
 
     if on_free_cores:
-        _multiply_on_free_cores(cores, runs, multiply)
+        _multiply_on_free_cores(cores, share, runs, multiply)
     else:
         for run in runs:
             multiply(run)
@@ -127,7 +135,7 @@ def _runs(blocks: list[tuple[torch.Tensor, torch.Tensor | None]]) -> list[range]
     return runs
 
 
-def _multiply_on_free_cores(cores: Cores, runs: list[range], multiply) -> None:
+def _multiply_on_free_cores(cores: Cores, share, runs: list[range], multiply) -> None:
     """multiply(run) for each run, each once, in any order: on the calling thread, joined by a kept thread
     while the caller has a core to spare (its own share of the cores and a free one: when a model runs alone,
     or the other model of its turn has ended), each on one MKL thread. Runs are taken one at a time, so a
@@ -147,7 +155,7 @@ def _multiply_on_free_cores(cores: Cores, runs: list[range], multiply) -> None:
         for i in iter(lambda: next(taken), None):
             if i >= len(runs):
                 break
-            if helper is None and cores.free_cores() > 1:
+            if helper is None and cores.free_cores(share) > 1:
                 helper = cores.kept_threads("projection", 1).submit(take)
             multiply(runs[i])
     if helper is not None and not helper.cancel():
@@ -176,3 +184,23 @@ def _blocks(head: torch.nn.Linear) -> tuple[list[tuple[torch.Tensor, torch.Tenso
         stacked = weight[: full * BLOCK_ROWS].view(full, BLOCK_ROWS, weight.shape[1]) if stackable else None
         kept = _BLOCKS[head] = (weight, bias, blocks, stacked, _runs(blocks))
     return kept[2], kept[3], kept[4]
+
+
+def block_products(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """x (rows, in) times each of `blocks` (n, out, in): (n, rows, out), block i's product as F.linear(x,
+    blocks[i]) where `batched_blocks_keep_bits` says so. One call: no Python, and no lock, between blocks."""
+    return torch.bmm(x.expand(blocks.shape[0], *x.shape), blocks.transpose(1, 2))
+
+
+def batched_blocks_keep_bits(probes: KernelProbes, blocks: torch.Tensor, rows: int, threads: int | None) -> bool:
+    """Does `block_products` give each block of `rows` rows the bits of F.linear by that block, both on
+    `threads` MKL threads (None: all)? Probed once per block kernel key, row count and thread count, on
+    first use (or read from the probe store), on three of the blocks."""
+
+    def probe() -> bool:
+        with torch.inference_mode(), probes.cores.mkl_threads(threads):
+            x = probe_input(rows, blocks[0], seed=rows)
+            batched = block_products(x, blocks[:3])
+            return all(torch.equal(batched[i], F.linear(x, blocks[i])) for i in range(batched.shape[0]))
+
+    return probes.batched_blocks.get_or_probe((kernel_key(blocks[0], None), rows, threads), probe)

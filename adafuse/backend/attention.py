@@ -1,0 +1,188 @@
+"""Attention per request inside a packed pass: every request attends exactly as in its pass alone.
+
+A merged pass (adafuse/backend/split_pass.py) is one packed row of every request's real positions. The linear
+layers, norms and the rest compute each position on its own; attention must not mix requests. So the model's
+attention implementation is wrapped (`split_attention`, registered in transformers' attention registry): in a
+packed pass (the forward context's `split`, adafuse/backend/forward.py) it runs once per request, on that
+request's positions laid out again as its pass alone lays them out (`unpack`: its rows and width, zeros at its
+own right padding), against the keys and values of its own cache, which grows exactly as in its pass alone
+(`SplitLayer`), with the mask the pass alone would build (transformers' own mask functions, `AloneMasks`), by
+the model's own attention function; the output goes back to the packed row (`pack`). Outside a packed pass the
+wrapper calls the original unchanged.
+
+On this CPU one attention call over all requests (padded) keeps no request's bits (tools/attention_probe.py);
+a backend that has one that does may route a packed pass through it instead.
+"""
+
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.masking_utils import (
+    ALL_MASK_ATTENTION_FUNCTIONS,
+    AttentionMaskInterface,
+    create_causal_mask,
+    create_sliding_window_causal_mask,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from adafuse.backend.forward import current
+
+PREFIX = "adafuse-split-"  # the wrapped attention implementation's name: PREFIX + the original's
+
+
+@dataclass
+class Span:
+    """One request's place in a packed pass."""
+
+    rows: slice  # its rows in the pass, as its pass alone has them
+    length: int  # L_j: its cached positions before the pass
+    width: int  # n_j: its own input width (its own right padding included, as when alone)
+    start: int = 0  # its first position in the packed row
+    count: int = 0  # its live positions there
+    live: torch.Tensor | None = None  # their flat indices (row * width + position); None: all
+
+    @property
+    def batch(self) -> int:
+        return self.rows.stop - self.rows.start
+
+
+@dataclass
+class SplitPass:
+    """A packed pass's requests, and the layer being run: each request's new keys and values, handed to its own
+    cache by `SplitLayer` and read back, grown, just before its attention runs (`attention`)."""
+
+    spans: list[Span]
+    longest: int  # the longest request's cached positions before the pass
+    pending: list = field(default_factory=list)  # per request: (its cache layer, its new keys, its new values)
+
+
+def split_attention(model) -> bool:
+    """Route the model's attention through the per-request wrapper (idempotent); False if its
+    implementation is not a registered attention function that can be wrapped (e.g. "eager")."""
+    name = model.config._attn_implementation
+    if name.startswith(PREFIX):
+        return True
+    original = ALL_ATTENTION_FUNCTIONS.get(name) if name in ALL_ATTENTION_FUNCTIONS else None
+    if original is None or name not in ALL_MASK_ATTENTION_FUNCTIONS:
+        return False
+    wrapped = PREFIX + name
+    if wrapped not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(wrapped, _attention(original))
+        AttentionMaskInterface.register(wrapped, ALL_MASK_ATTENTION_FUNCTIONS[name])  # the same masks as alone
+    model.set_attn_implementation(wrapped)
+    return True
+
+
+def _attention(original):
+    masks = AloneMasks()
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        """query (batch, heads, width, d); in a packed pass (1, heads, positions, d), where each request attends
+        with its own cache's keys and values (key and value are only the new ones, which `SplitLayer` set
+        aside): one request's at a time, so that only one request's grown keys exist at once."""
+        split = current().split
+        if split is None:
+            return original(module, query, key, value, attention_mask, **kwargs)
+        out = query.new_empty(1, query.shape[2], query.shape[1], value.shape[-1])
+        for s, (own, new_keys, new_values) in zip(split.spans, split.pending, strict=True):
+            own_keys, own_values = own.update(new_keys, new_values)
+            mask = masks.get(module.config, kwargs.get("sliding_window"), s, query)
+            o, _ = original(module, unpack(query, s), own_keys, own_values, mask, **kwargs)
+            out[0, s.start : s.start + s.count] = pack(o, s)
+        split.pending = []
+        return out, None
+
+    return attention
+
+
+def unpack(x: torch.Tensor, s: Span) -> torch.Tensor:
+    """Request s's part of a packed pass's (1, heads, positions, d) tensor, laid out as its pass alone lays it
+    out, (rows, heads, width, d) over (rows, width, heads, d) memory, with zeros at its right padding (alone,
+    the linear layers leave zeros there: adafuse/backend/live.py), so that its attention gets the very inputs it
+    gets alone."""
+    part = x[0, :, s.start : s.start + s.count].transpose(0, 1)
+    if s.live is not None:
+        part = part.new_zeros(s.batch * s.width, *part.shape[1:]).index_copy_(0, s.live, part)
+    return part.reshape(s.batch, s.width, *part.shape[1:]).transpose(1, 2)
+
+
+def pack(o: torch.Tensor, s: Span) -> torch.Tensor:
+    """The live positions of request s's attention output (rows, width, heads, d), in packed order."""
+    flat = o.reshape(s.batch * s.width, *o.shape[2:])
+    return flat if s.live is None else flat.index_select(0, s.live)
+
+
+class SplitLayer(DynamicLayer):
+    """One layer of a packed pass's cache (`split_cache`). The model sees one cache of the longest request's
+    length (it builds merged masks from it, which the split attention replaces); each request's new keys and
+    values are set aside for that request's own cache layer, which grows exactly as in its pass alone when the
+    attention that follows reads it (`SplitPass.pending`). No merged copy of any cache is made."""
+
+    def __init__(self, own: list, split: SplitPass, placeholder: torch.Tensor):
+        super().__init__()
+        self.lazy_initialization(placeholder, placeholder)
+        self.keys, self.values = placeholder, placeholder  # (rows, 1, longest, 1), no memory: its length alone
+        self.own, self.split = own, split
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        self.split.pending = [
+            (own, unpack(key_states, s), unpack(value_states, s)) for own, s in zip(self.own, self.split.spans)
+        ]
+        return key_states, value_states
+
+
+def split_cache(caches: list[DynamicCache], split: SplitPass) -> DynamicCache:
+    """The cache a packed pass hands the model: one `SplitLayer` per layer over the requests' own caches."""
+    like = next(layer for c in caches for layer in c.layers)
+    placeholder = torch.zeros((), dtype=like.dtype, device=like.device).expand(1, 1, split.longest, 1)
+    packed = DynamicCache()
+    for layer in range(len(caches[0].layers)):
+        packed.layers.append(SplitLayer([c.layers[layer] for c in caches], split, placeholder))
+    return packed
+
+
+# transformers >= 5.24 names the mask functions' cache argument `cache`, 5.23 `past_key_values`
+# (adafuse/backend/transformers_check.py checks that one of them is there)
+_MASK_CACHE_ARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+
+
+class AloneMasks:
+    """The masks requests' attention would get in their passes alone (None, or a tensor), kept across passes: a
+    mask depends only on the model's config, its sliding window and the request's rows, width and cached length,
+    and a pass asks one per request and layer kind. A mask is only ever read."""
+
+    LIMIT = 4096  # shapes kept before the store starts afresh
+
+    def __init__(self):
+        self.kept: dict[tuple, tuple] = {}  # shape key -> (the config it was made for, the mask)
+
+    def get(self, config, sliding_window, s: Span, query: torch.Tensor):
+        key = (id(config), sliding_window, s.batch, s.width, s.length, query.dtype, query.device)
+        hit = self.kept.get(key)
+        if hit is not None and hit[0] is config:
+            return hit[1]
+        make = create_sliding_window_causal_mask if sliding_window else create_causal_mask
+        mask = make(
+            config=config,
+            inputs_embeds=torch.empty((s.batch, s.width, 0), dtype=query.dtype, device=query.device),
+            attention_mask=None,
+            position_ids=None,
+            **{_MASK_CACHE_ARG: _cache_of_length(s.length, query.device)},
+        )
+        if len(self.kept) >= self.LIMIT:
+            self.kept.clear()
+        self.kept[key] = (config, mask)
+        return mask
+
+
+def _cache_of_length(length: int, device) -> DynamicCache:
+    """A cache that reports `length` positions, for the mask functions (they read its length only)."""
+    cache, layer = DynamicCache(), DynamicLayer()
+    empty = torch.zeros((), device=device).expand(1, 1, length, 1)
+    layer.lazy_initialization(empty, empty)
+    layer.keys, layer.values = empty, empty
+    cache.layers.append(layer)
+    return cache

@@ -1,0 +1,99 @@
+"""The backend interface (adafuse/backend/__init__.py says what the seam is): passes as data, and the
+backend that runs them."""
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+PREFIX, ALONE, MERGED = "prefix", "alone", "merged"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A model as its backend prepared it, and how a pass calls it."""
+
+    model: torch.nn.Module
+    device: torch.device
+    cache_arg: str  # the forward's cache argument: `cache` (transformers >= 5.24) or `past_key_values`
+    body: torch.nn.Module  # the layers under the vocabulary projection (a PREFIX pass)
+    body_cache_arg: str
+    keeps_last: bool  # its forward takes `logits_to_keep` (a prompt read makes its last position's logits alone)
+    splits_attention: bool  # a MERGED pass can run its attention per request (else its reads run ALONE)
+
+
+@dataclass(frozen=True, eq=False)
+class Read:
+    """One request's part of a pass: `input_ids` (rows, width) read after `cache`, which grows by them.
+
+    `lengths`: row i's real ids (the rest right padding, never computed); its result is then packed,
+    (sum(lengths), vocab). `last_only`: the last position's logits alone, (rows, 1, vocab). Otherwise
+    (rows, width, vocab). Float32 logits, or with `logprobs` their log-softmax, the ids of `masked` at -inf."""
+
+    cache: object  # transformers' DynamicCache of adafuse/member/cache.py's layers
+    input_ids: torch.Tensor
+    lengths: list[int] | None = None
+    last_only: bool = False
+    logprobs: bool = False
+    masked: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        return self.input_ids.shape[0]
+
+
+@dataclass(frozen=True, eq=False)
+class Pass:
+    """One forward pass: its kind (PREFIX, ALONE or MERGED), the prepared model and its reads, in row order."""
+
+    kind: str
+    model: Prepared
+    reads: tuple[Read, ...]
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How a caller wants its passes run. `exact`: every read has the bits of its pass alone; else the stock
+    kernels, up to rounding. `side_by_side`: different models' passes may run at once where the backend can
+    (the same results either way). `threads`: torch's thread count for the passes, that of the thread that set
+    up the caller (a kernel's bits may depend on it, and a thread started later, as a server's engine thread,
+    starts with the process's default)."""
+
+    exact: bool = True
+    side_by_side: bool = True
+    threads: int | None = None
+
+    @classmethod
+    def here(cls, exact: bool = True, side_by_side: bool = True) -> "Execution":
+        return cls(exact, side_by_side, torch.get_num_threads())
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What a pass gave: each read's result (None for a PREFIX pass), and its seconds of compute."""
+
+    results: list
+    seconds: float
+
+
+class Backend(ABC):
+    """One device type's way of computing passes (module docstring)."""
+
+    name: str
+
+    @abstractmethod
+    def prepare(self, model) -> Prepared:
+        """Prepare `model` for this backend's passes (idempotent): its outputs stay its own up to each layer's
+        summation order, which the backend then fixes."""
+
+    @abstractmethod
+    def execute(self, passes: list[Pass], how: Execution) -> list[Ran]:
+        """Run the passes of one step, each model's in order, as `how` asks; what each pass gave."""
+
+    @abstractmethod
+    def memory_budget(self, device: torch.device) -> int:
+        """Bytes a step's passes on `device` may take now."""
+
+    @abstractmethod
+    def describe(self) -> dict:
+        """What a run records of the backend: its name, and whether its merged passes are batch-invariant."""
