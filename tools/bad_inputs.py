@@ -286,6 +286,19 @@ CASES = [
         setup="run_with_the_defaults",
     ),
     BadInput(
+        "other_data",
+        "a run directory that holds predictions made from other data (another prompts file, another data folder's "
+        "files, the hub for local files, another hub commit)",
+        CUSTOM,
+        "ResumeMismatchError",
+        "{dir}/run holds predictions made from other inputs: data file {dir}/prompts.jsonl: sha256 000000000000 then, "
+        "{now} now. Their prompts or models are not this process's, so one run must not mix them: write this one to "
+        "another directory (results_dir=... or hydra.run.dir=...), or resume it with the data and models it recorded "
+        "(config.yaml, source; docs/sweeps.md, 'One run, one source').",
+        files={"prompts.jsonl": PROMPTS},
+        setup="run_from_other_prompts",
+    ),
+    BadInput(
         "other_device",
         "a run directory that holds predictions decoded on another device and dtype",
         CUSTOM,
@@ -528,16 +541,22 @@ CASES = [
 
 
 def admitted_run(folder: Path) -> None:
-    """{dir}/run as a process of task=custom with the default settings leaves it once admitted: its config.yaml,
-    written as eval/results.py writes it (by hand here, so that the case means the same for any version of it)."""
+    """{dir}/run as a process of task=custom with the default settings leaves it once admitted, its prompts in
+    {dir}/prompts.jsonl: its config.yaml, written as eval/results.py writes it (by hand here, so that the case
+    means the same for any version of it)."""
     import yaml
     from omegaconf import OmegaConf
 
     from conf.compose import compose_run
-    from eval.runner import decoding_models, runtime_of, settings_of
+    from eval.runner import decoding_models, model_sources, runtime_of, settings_of
+    from eval.tasks import Task
 
+    (folder / "prompts.jsonl").write_text(PROMPTS)
     cfg = compose_run(*[a.format(dir=folder) for a in CUSTOM], "wandb.mode=disabled")
-    config = {**OmegaConf.to_container(cfg, resolve=True), "runtime": runtime_of(decoding_models(settings_of(cfg)))}
+    settings = settings_of(cfg)
+    models = decoding_models(settings)
+    source = {"data": Task(settings.task, settings.data).sources.record(), "models": model_sources(models)}
+    config = {**OmegaConf.to_container(cfg, resolve=True), "source": source, "runtime": runtime_of(models)}
     (folder / "run").mkdir()
     (folder / "run" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
 
@@ -556,6 +575,19 @@ def run_on_a_gpu(folder: Path) -> None:
     path = folder / "run" / "config.yaml"
     config = yaml.safe_load(path.read_text())
     config["runtime"]["models"][0] |= {"device": "cuda:0", "dtype": "bfloat16", "gpu": "NVIDIA H200"}
+    path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+
+
+def run_from_other_prompts(folder: Path) -> None:
+    """The run of `run_with_the_defaults`, its prompts file as it was then: another file than {dir}/prompts.jsonl
+    now (the same ids, other prompts)."""
+    import yaml
+
+    run_with_the_defaults(folder)
+    path = folder / "run" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    (name,) = config["source"]["data"]["files"]
+    config["source"]["data"]["files"][name] = "0" * 64
     path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
 
 
@@ -613,6 +645,7 @@ SETUPS = {
     f.__name__: f
     for f in (
         run_with_the_defaults,
+        run_from_other_prompts,
         run_on_a_gpu,
         shard_held_by_another_run,
         truncated_gguf,

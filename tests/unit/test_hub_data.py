@@ -14,7 +14,7 @@ from huggingface_hub import HfApi, constants
 from huggingface_hub.errors import GatedRepoError, OfflineModeIsEnabled
 from omegaconf import OmegaConf
 
-from adafuse.errors import DataError
+from adafuse.errors import DataError, ModelFileError
 from conf.compose import compose_run
 from conf.schema import DataConf
 from eval.data import Sources, read_hub
@@ -185,3 +185,30 @@ def test_offline_the_commit_is_the_one_the_local_hub_cache_recorded(monkeypatch,
     assert hub_commit("openai/gsm8k", "main", "dataset") == commit
     with pytest.raises(OfflineModeIsEnabled):
         hub_commit("openai/gsm8k", "v2", "dataset")  # a revision the cache never saw
+
+
+def test_a_hub_model_is_recorded_at_the_commit_its_revision_names_and_loads_that_commit(monkeypatch, tmp_path):
+    from adafuse import model_config
+    from eval.runner import model_sources, pinned
+
+    def repo_info(self, repo_id, *, revision=None, repo_type=None, **kwargs):
+        assert repo_type == "model"
+        return SimpleNamespace(sha=commit_of(repo_id, revision))
+
+    monkeypatch.setattr(HfApi, "repo_info", repo_info)
+    (tmp_path / "mistral").mkdir()
+    llama, smol = model_config("llama31_8b_instruct"), model_config("smollm2_135m")
+    mistral = model_config({**vars(model_config("mistral7b_instruct_v03")), "path": str(tmp_path / "mistral")})
+    assert llama.revision == "main"  # every hub model's config names its revision
+    sources = model_sources([llama, mistral, smol])
+    assert sources == [
+        {"name": llama.name, "hub": llama.path, "revision": "main", "commit": commit_of(llama.path, "main")},
+        {"name": mistral.name, "path": str(tmp_path / "mistral"), "sha256": None},
+        {"name": smol.name, "bundle": "smollm2_135m", "sha256": smol.sha256},
+    ]
+    loaded = pinned([llama, mistral, smol], [0, 1, 2], sources)
+    assert loaded[0].revision == commit_of(llama.path, "main") and loaded[1:] == [mistral, smol]
+
+    monkeypatch.setattr(HfApi, "repo_info", gated)
+    with pytest.raises(ModelFileError, match="it is gated: accept its terms at https://huggingface.co/meta-llama"):
+        model_sources([llama])
