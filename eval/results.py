@@ -165,18 +165,26 @@ class RunDir:
 
     @contextmanager
     def claim(self, shard: int, num_shards: int):
-        """Be the only writer of this shard while the block runs; a second one gets ShardBusyError."""
-        lock = open(self.path / f".shard-{shard}-of-{num_shards}.lock", "a+")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "another process"
-            lock.close()
-            raise ShardBusyError(
-                f"{self.path}: shard {shard} of {num_shards} is being decoded by {holder}; "
-                "wait for it to finish or stop it (two writers would decode the same examples twice)"
-            ) from None
+        """Be the only writer of this shard while the block runs; a second one gets ShardBusyError. The claim's lock
+        file goes when the block ends, removed while still held, so that a run refused after its claim leaves no
+        file behind; a process that opened the file just before then finds, once it holds it, that the name now
+        belongs to no file or another one, and claims the file under the name."""
+        path = self.path / f".shard-{shard}-of-{num_shards}.lock"
+        while True:
+            lock = open(path, "a+")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.seek(0)
+                holder = lock.read().strip() or "another process"
+                lock.close()
+                raise ShardBusyError(
+                    f"{self.path}: shard {shard} of {num_shards} is being decoded by {holder}; "
+                    "wait for it to finish or stop it (two writers would decode the same examples twice)"
+                ) from None
+            if _names(path, lock):
+                break
+            lock.close()  # its holder removed it as we opened it: the claim is the file under the name now
         try:
             lock.truncate(0)
             lock.write(f"pid {os.getpid()} on {os.uname().nodename}")
@@ -184,6 +192,7 @@ class RunDir:
             self.refresh()
             yield
         finally:
+            path.unlink(missing_ok=True)
             lock.close()
 
     def append_batching(self, shard: int, examples: int, models: dict[str, dict]) -> None:
@@ -319,6 +328,14 @@ def describe_runtime(runtime: dict) -> str:
         for m in runtime.get("models", [])
     )
     return f"{models or 'no models'} with torch {runtime.get('torch')}"
+
+
+def _names(path: Path, file) -> bool:
+    """Is `file` (open) the file that `path` names now?"""
+    try:
+        return os.stat(path).st_ino == os.fstat(file.fileno()).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:
