@@ -20,7 +20,7 @@ from huggingface_hub.errors import (
 from adafuse.errors import DataError
 
 COMMIT = re.compile(r"[0-9a-f]{40}")
-LOGIN = "hf auth login"  # huggingface-hub >= 1; the older `huggingface-cli login` is gone
+LOGIN = "hf auth login"  # huggingface-hub >= 1 (its older CLI, huggingface-cli, is gone)
 
 
 def hub_commit(repo_id: str, revision: str | None, repo_type: str) -> str:
