@@ -21,6 +21,7 @@ from adafuse.loading import load_pretrained, placement
 from adafuse.methods import METHODS, Method
 from adafuse.model import Member
 from adafuse.passes import Program
+from adafuse.prompt_check import PromptCheck
 from adafuse.scoring import Likelihood, loglikelihood, loglikelihood_rolling
 from adafuse.session import Request
 from adafuse.trace import Generation
@@ -121,6 +122,12 @@ class Ensemble:
         """Each model's count of the prompt's tokens as it reads them (None where it is not loaded); raises
         as `check_prompts_fit` does."""
         return [None if m is None else len(m.prompt_ids(prompt, reserve)) for m in self.members]
+
+    def prompt_check(self) -> PromptCheck:
+        """`prompt_lengths` for another thread than the one that decodes (a server's): its own copies of the loaded
+        models' tokenizers, and a refusal without tokenizing for a prompt longer in bytes than a model's context
+        can hold (adafuse/prompt_check.py)."""
+        return PromptCheck(self.members)
 
     def without_utf8_rule(self) -> list[str]:
         """The loaded models whose vocabulary is of a type adafuse/tokens.py does not know, so that the rule

@@ -92,6 +92,9 @@ def test_concurrent_completions_are_run_py_s_predictions_bit_for_bit(server, cli
 BAD_REQUESTS = [
     # (route, body, status, the field the error names, a phrase of its message)
     ("completions", b"{not json", 400, None, "not valid JSON"),
+    ("completions", b"[" * 100_000 + b"]" * 100_000, 400, None, "nested too deep"),
+    ("completions", b'{"prompt": "Hi", "max_tokens": ' + b"9" * 5000 + b"}", 400, None, "not valid JSON"),
+    ("completions", b'{"prompt": "Hi \\ud800"}', 400, "prompt", "not Unicode text"),
     ("completions", [1, 2], 400, None, "JSON object"),
     ("completions", {"prompt": "Hi", "adafuse": {"method": "unit"}}, 400, "adafuse.method", "Did you mean 'unite'"),
     ("completions", {"prompt": "Hi", "adafuse": {"taus": 0.5}}, 400, "adafuse.taus", "no setting 'taus'"),
@@ -100,7 +103,8 @@ BAD_REQUESTS = [
     ("completions", {"prompt": "Hi", "adafuse": {"method": "deepen", "cache_dir": "/"}}, 400, "adafuse.cache_dir", ""),
     ("completions", {"prompt": ""}, 400, "prompt", "empty"),
     ("completions", {"prompt": [[1, 2, 3]]}, 400, "prompt", "token ids"),
-    ("completions", {"prompt": "word " * 9000}, 400, "prompt", "context holds 8192"),
+    ("completions", {"prompt": "word " * 9000}, 400, "prompt", "a prompt has 9001 tokens"),  # counted, then refused
+    ("completions", {"prompt": "word " * 200_000}, 400, "prompt", "a prompt of 1000000 bytes has more than"),
     ("completions", {"prompt": "Hi", "max_tokens": 0}, 400, "max_tokens", "between 1 and 64"),
     ("completions", {"prompt": "Hi", "max_tokens": MAX_TOKENS + 1}, 400, "max_tokens", "between 1 and 64"),
     ("completions", {"prompt": "Hi", "n": 2}, 400, "n", "greedily"),
@@ -125,6 +129,51 @@ def test_bad_requests_are_refused_naming_the_field(server, client):
     with pytest.raises(openai.BadRequestError, match="greedily"):  # as the official client shows it
         client.completions.create(model="tiny", prompt="Hi", temperature=1.0)
     assert client.completions.create(model="tiny", prompt="The capital of Italy is", max_tokens=2).choices[0].text
+
+
+def test_a_body_over_the_bound_is_refused_before_it_is_read_whole(server, client):
+    body = b'{"prompt": "' + b"word " * 8_000_000 + b'"}'  # 40 MB, over the default 32 MiB
+    reply = httpx.post(f"{server.url}/v1/completions", content=body, timeout=120)
+    assert reply.status_code == 413 and "larger than this server's bound of 33554432 bytes" in reply.text
+    assert client.completions.create(model="tiny", prompt="The capital of Italy is", max_tokens=2).choices[0].text
+
+
+def test_a_30_mb_prompt_is_refused_by_its_size_and_a_completion_beside_it_is_not_delayed(server, client):
+    """The prompt is refused from its bytes alone, before any tokenizer reads it, off the engine's thread (it
+    used to be tokenized whole on the engine's thread: 38 s, during which every completion waited). A small
+    completion takes as long beside it as alone, give or take the reading of 30 MB: each is timed alone and
+    beside one, in turn, and the fastest of each compared (the machine's other work only ever adds time)."""
+    big = json.dumps({"model": "tiny", "prompt": "word " * 6_000_000}).encode()  # 30 MB
+
+    def small() -> float:
+        started = time.perf_counter()
+        client.completions.create(model="tiny", prompt="The capital of Italy is", max_tokens=4)
+        return time.perf_counter() - started
+
+    def beside_big() -> tuple[float, float]:
+        seconds: list[float] = []
+        asker = threading.Thread(target=lambda: seconds.append(small()))
+        asker.start()
+        time.sleep(0.1)  # the small completion is in flight
+        started = time.perf_counter()
+        reply = httpx.post(f"{server.url}/v1/completions", content=big, timeout=300)
+        refused_after = time.perf_counter() - started
+        asker.join()
+        error = reply.json()["error"]
+        assert (reply.status_code, error["param"]) == (400, "prompt")
+        assert "a prompt of 30000000 bytes has more than 8" in error["message"], error
+        return seconds[0], refused_after
+
+    alone, beside, refused = [], [], []
+    for _ in range(3):
+        alone.append(small())
+        seconds, refused_after = beside_big()
+        beside.append(seconds)
+        refused.append(refused_after)
+    print(f"a small completion: {min(alone):.2f} s alone, {min(beside):.2f} s beside a 30 MB prompt (refused in "
+          f"{max(refused):.2f} s at most)")  # fmt: skip
+    assert min(beside) - min(alone) < 1.0, (alone, beside, refused)
+    assert max(refused) < 5, refused
 
 
 KILLED_CLIENT = """
