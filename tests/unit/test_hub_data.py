@@ -20,6 +20,7 @@ from conf.schema import DataConf
 from eval.data import Sources, read_hub
 from eval.hub import hub_commit
 from eval.tasks import Task
+from tools.bad_inputs import bad_input, pattern
 from tools.hub_shapes import build
 
 LOAD_DATASET = datasets.load_dataset
@@ -58,6 +59,16 @@ def hub(repositories, monkeypatch, tmp_path):
 def task(name: str, data_dir, *overrides: str) -> Task:
     cfg = compose_run(f"task={name}", "task.limit=null", *overrides)
     return Task(OmegaConf.to_object(cfg.task), DataConf(dir=None if data_dir is None else str(data_dir)))
+
+
+def tried(key: str, folder) -> DataError:
+    """The error a case of tools/bad_inputs.py (`task=... data.dir=null ...`) is refused with, held to its message."""
+    case = bad_input(key)
+    name, *overrides = case.args[0].split()
+    with pytest.raises(DataError) as refused:
+        task(name.removeprefix("task="), None, *(o for o in overrides if o != "data.dir=null"))
+    assert pattern(case.message, folder).fullmatch(str(refused.value)), str(refused.value)
+    return refused.value
 
 
 def as_read(t: Task) -> list[tuple]:
@@ -133,9 +144,8 @@ def test_flores_reads_flores_plus_and_refuses_rows_in_another_shape(hub, tmp_pat
     for table in (renamed / "eng_Latn").glob("*.parquet"):
         rows = pq.read_table(table)
         pq.write_table(rows.rename_columns(["sentence" if c == "text" else c for c in rows.column_names]), table)
-    hub.folders["openlanguagedata/flores_plus"] = renamed
-    with pytest.raises(DataError, match="has no field 'text'.*reads FLORES\\+ \\(openlanguagedata/flores_plus\\)"):
-        task("flores_en_de", None)
+    hub.folders["facebook/flores"] = renamed
+    tried("hub_flores_shape", tmp_path)
 
 
 def gated(self, repo_id, **kwargs):
@@ -146,29 +156,22 @@ def gated(self, repo_id, **kwargs):
 def test_hub_errors_say_what_went_wrong_and_what_to_do(hub, monkeypatch, tmp_path):
     """Only a hub that cannot be reached gets the network hint: a gated dataset says to accept its terms and log in,
     a config the dataset lacks lists those it has."""
+    typo = str(tried("hub_config", tmp_path))
+    assert "['rc.nocontext', 'unfiltered.nocontext']" in typo and "network" not in typo
     spec = {"reader": "trivia_hub", "path": "mandarjoshi/trivia_qa", "split": "validation", "prefix": "tqa"}
-    with pytest.raises(DataError) as typo:
-        read_hub({**spec, "name": "unfiltered.nocontxt"})
-    assert "BuilderConfig 'unfiltered.nocontxt' not found" in str(typo.value) and "rc.nocontext" in str(typo.value)
-    assert "network" not in str(typo.value)
     with pytest.raises(DataError, match='Unknown split "valid"') as split:
         read_hub({**spec, "name": "unfiltered.nocontext", "split": "valid"})
     assert "network" not in str(split.value)
 
     monkeypatch.setattr(HfApi, "repo_info", gated)
-    with pytest.raises(DataError) as refused:
-        read_hub({**spec, "name": "unfiltered.nocontext"})
-    message = str(refused.value)
-    assert "it is gated: accept its terms at https://huggingface.co/datasets/mandarjoshi/trivia_qa" in message
-    assert "`hf auth login`" in message and "network" not in message
+    assert "network" not in str(tried("hub_gated", tmp_path))
 
     def offline(self, repo_id, **kwargs):
         raise OfflineModeIsEnabled("Cannot reach the hub: offline mode is enabled.")
 
     monkeypatch.setattr(HfApi, "repo_info", offline)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty_cache"))
-    with pytest.raises(DataError, match="cannot be reached from here.*point data.dir at a local copy"):
-        read_hub({**spec, "name": "unfiltered.nocontext"})
+    tried("hub_unreachable", tmp_path)
 
 
 def test_offline_the_commit_is_the_one_the_local_hub_cache_recorded(monkeypatch, tmp_path):
