@@ -31,7 +31,7 @@ class ModelConfig:
     sha256: str | None = None
     dtype: str = "float32"  # "auto": bfloat16 on a GPU, float32 on the CPU
     device: str = "auto"  # "auto": cuda if available, else cpu
-    trust_remote_code: bool = False  # only a model config that needs it (e.g. InternLM3) turns it on
+    trust_remote_code: bool = False  # run a hub repository's own code; no shipped model config needs it
     revision: str | None = None  # hub revision (branch, tag or commit)
     chat_template: bool = False  # render prompts with the model's own chat template (spec §1)
 

@@ -23,6 +23,7 @@ from adafuse.member.passes import Program
 from adafuse.methods import METHODS, Method
 from adafuse.methods.scoring import Likelihood, loglikelihood, loglikelihood_rolling
 from adafuse.methods.session import Request
+from adafuse.text.prompt_check import PromptCheck
 from adafuse.trace import Generation
 
 MODEL_CONFIGS = Path(__file__).resolve().parent.parent / "conf" / "model"
@@ -135,6 +136,12 @@ class Ensemble:
         """Each model's count of the prompt's tokens as it reads them (None where it is not loaded); raises
         as `check_prompts_fit` does."""
         return [None if m is None else len(m.prompt_ids(prompt, reserve)) for m in self.members]
+
+    def prompt_check(self) -> PromptCheck:
+        """`prompt_lengths` for another thread than the one that decodes (a server's): its own copies of the loaded
+        models' tokenizers, and a refusal without tokenizing for a prompt longer in bytes than a model's context
+        can hold (adafuse/text/prompt_check.py)."""
+        return PromptCheck(self.members)
 
     def without_utf8_rule(self) -> list[str]:
         """The loaded models whose vocabulary is of a type adafuse/text/tokens.py does not know, so that the rule

@@ -233,8 +233,9 @@ def check_known_keys(cfg: DictConfig) -> None:
 
 def saved_config(path) -> DictConfig:
     """A run's config.yaml (a plain copy of its composed config) typed again by the schemas, as if
-    composed. Its `runtime` record (where it was decoded: eval/results.py) is not a setting and is left
-    out. Needs `register()` first."""
+    composed. Its `source` and `runtime` records (what it read, where it was decoded: eval/results.py) are not
+    settings and are left out. Needs `register()` first."""
     saved = OmegaConf.to_container(OmegaConf.load(path))
+    saved.pop("source", None)
     saved.pop("runtime", None)
     return typed(saved)

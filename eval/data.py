@@ -3,21 +3,27 @@ and the Hugging Face hub. Every reader returns `Example`s in the source's canoni
 
 A task's YAML names a reader and its arguments per source, e.g.
 `{reader: dpr_tsv, file: triviaqa/topics.dpr.trivia.test.txt.gz}` or
-`{reader: trivia_hub, path: mandarjoshi/trivia_qa, name: unfiltered.nocontext, split: validation}`.
+`{reader: trivia_hub, path: mandarjoshi/trivia_qa, name: unfiltered.nocontext, split: validation, revision: main}`.
 A malformed record raises DataError naming the file and line.
+
+Every read is recorded in a `Sources` (what a run read: eval/runner.py writes it into config.yaml and
+metrics.json): each local file with its sha256, each hub split with the commit its revision resolved to, which
+is the commit that is read.
 """
 
 import ast
 import csv
 import gzip
+import hashlib
 import io
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from adafuse.errors import DataError
 from adafuse.registry import Registry
+from eval.hub import describe, hub_commit
 
 LOCAL = Registry("local data reader")
 HUB = Registry("hub data reader")
@@ -29,6 +35,27 @@ class Example:
     fields: dict[str, str]  # what prompt templates may use: question, context, source, solution, answer
     references: list[str]  # gold answers (aliases) or reference translations
     origin: str | None = None  # "file:line" of a user's own prompt, which errors about it name
+
+
+@dataclass
+class Sources:
+    """What a task read: the local data folder (None: none), each local file's sha256 by its name (relative to
+    that folder when inside it), and each hub split with the commit that was read."""
+
+    local: str | None = None
+    files: dict[str, str] = field(default_factory=dict)
+    hub: list[dict] = field(default_factory=list)
+
+    def add_file(self, path: Path) -> None:
+        path = Path(path).expanduser().resolve()
+        name = str(path)
+        if self.local is not None and path.is_relative_to(self.local):
+            name = str(path.relative_to(self.local))
+        self.files[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def record(self) -> dict:
+        """As config.yaml and metrics.json hold it (`data` of their `source`)."""
+        return {"local": self.local, "files": dict(sorted(self.files.items())), "hub": self.hub}
 
 
 def _open(path: Path) -> io.StringIO:
@@ -243,21 +270,32 @@ def prompts_jsonl(path: Path) -> list[Example]:
     return rows
 
 
-def read_local(spec: dict, data_dir: Path | None) -> list[Example]:
-    """Run a local reader; its file arguments are relative to `data_dir` unless absolute."""
+FILE_ARGUMENTS = ("path", "source", "target")  # a local reader's arguments that name files (`file` too, as path)
+
+
+def read_local(spec: dict, data_dir: Path | None, sources: Sources | None = None) -> list[Example]:
+    """Run a local reader; its file arguments are relative to `data_dir` unless absolute. The files it read
+    are added to `sources`."""
     spec = dict(spec)
     reader = LOCAL[spec.pop("reader")]
-    for key in ("path", "source", "target"):
+    if "file" in spec:
+        spec["path"] = spec.pop("file")
+    for key in FILE_ARGUMENTS:
         if key in spec:
             path = Path(spec[key]).expanduser()
             spec[key] = path if path.is_absolute() or data_dir is None else Path(data_dir) / path
-    if "file" in spec:
-        file = Path(spec.pop("file")).expanduser()
-        spec["path"] = file if file.is_absolute() or data_dir is None else Path(data_dir) / file
-    return reader(**spec)
+    rows = reader(**spec)
+    if sources is not None:
+        for key in FILE_ARGUMENTS:
+            if key in spec:
+                sources.add_file(spec[key])
+    return rows
 
 
 # ---- the Hugging Face hub ------------------------------------------------------------------------
+# The converters see the rows of a split as `datasets` gives them. Ids are the example's place in the split,
+# as the local readers give them (NQ-open, TriviaQA, GSM8K, FLORES: the hub's splits hold the same examples in
+# the local files' order); SQuAD's are the dataset's own question ids, in both.
 
 
 @HUB.register("nq_hub")
@@ -267,7 +305,9 @@ def nq_hub(rows, prefix: str) -> list[Example]:
 
 @HUB.register("trivia_hub")
 def trivia_hub(rows, prefix: str) -> list[Example]:
-    return [_qa(f"{prefix}-{r['question_id']}", r["question"], list(r["answer"]["aliases"])) for r in rows]
+    """mandarjoshi/trivia_qa: the aliases are the references; `question_id` is not the id, as the local file
+    (DPR's copy of the same unfiltered dev set) has none."""
+    return [_qa(f"{prefix}-{i}", r["question"], list(r["answer"]["aliases"])) for i, r in enumerate(rows)]
 
 
 @HUB.register("squad_hub")
@@ -280,39 +320,56 @@ def gsm_hub(rows, prefix: str) -> list[Example]:
     return [_gsm_official(f"{prefix}-{i}", r["question"], r["answer"], f"row {i}") for i, r in enumerate(rows)]
 
 
-def read_hub(spec: dict) -> list[Example]:
-    """Load a split from the hub with `datasets` (network, or the datasets cache) and convert its rows."""
+def read_hub(spec: dict, sources: Sources | None = None) -> list[Example]:
+    """Load a split from the hub with `datasets` at the commit its revision (default main) names now, and convert
+    its rows; the split and that commit are added to `sources`."""
     spec = dict(spec)
     reader = spec.pop("reader")
     path, name, split = spec.pop("path"), spec.pop("name", None), spec.pop("split")
+    revision = spec.pop("revision", None) or "main"
     if reader == "flores_hub":
-        return _flores_hub(path, split, **spec)
+        return _flores_hub(path, split, revision, sources, **spec)
     convert = HUB[reader]
-    return convert(_load_dataset(path, name, split), **spec)
+    return convert(_load_split(path, name, split, revision, sources), **spec)
 
 
-def _flores_hub(path: str, split: str, source: str, target: str, prefix: str) -> list[Example]:
-    """FLORES keeps one config per language; rows align by their id. The sentence field is `text` in
-    FLORES+ (openlanguagedata/flores_plus) and `sentence` in the original (facebook/flores)."""
-    src, tgt = _load_dataset(path, source, split), _load_dataset(path, target, split)
-    targets = {r["id"]: r.get("text", r.get("sentence")) for r in tgt}
+def _flores_hub(
+    path: str, split: str, revision: str, sources: Sources | None, source: str, target: str, prefix: str
+) -> list[Example]:
+    """FLORES+ (openlanguagedata/flores_plus, gated): one config per language, named as the languages of
+    ../shared/data's FLORES-200 files (eng_Latn); rows align by their id, and the sentence is `text`."""
+    src = _load_split(path, source, split, revision, sources)
+    tgt = _load_split(path, target, split, revision, sources)
+    where = f"{path} ({{}}) split {split!r}"
+    for config, rows in ((source, src), (target, tgt)):
+        if "text" not in rows.column_names:
+            raise DataError(
+                f"{where.format(config)} has no field 'text' (its fields: {', '.join(rows.column_names)}): the FLORES "
+                "reader reads FLORES+ (openlanguagedata/flores_plus); the original facebook/flores is a loading "
+                "script, which datasets >= 4 cannot run"
+            )
+    targets = {r["id"]: r["text"] for r in tgt}
+    missing = [r["id"] for r in src if r["id"] not in targets]
+    if missing:
+        raise DataError(f"{where.format(target)} has no sentence for id(s) {missing[:5]} of {source}")
     return [
-        Example(
-            f"{prefix}-{i}",
-            {"source": r.get("text", r.get("sentence")), "answer": targets[r["id"]]},
-            [targets[r["id"]]],
-        )
+        Example(f"{prefix}-{i}", {"source": r["text"], "answer": targets[r["id"]]}, [targets[r["id"]]])
         for i, r in enumerate(src)
     ]
 
 
-def _load_dataset(path: str, name: str | None, split: str):
+def _load_split(path: str, name: str | None, split: str, revision: str, sources: Sources | None):
+    """The split as `datasets` loads it (network, or its cache offline), at the commit `revision` names."""
     import datasets
 
+    what = f"dataset {path}{f' ({name})' if name else ''} split {split!r}"
+    where = f"the task's hub source (task.eval.hub / task.fewshot.hub: path {path!r}, name, split, revision)"
+    url = f"https://huggingface.co/datasets/{path}"
     try:
-        return datasets.load_dataset(path, name, split=split)
-    except Exception as err:  # network, gating, unknown split: all end the same way for the user
-        raise DataError(
-            f"cannot load {path}{f' ({name})' if name else ''} split {split!r} from the Hugging Face hub: {err}. "
-            "Without network access, point data.dir at a local copy (docs/data.md, 'Where data come from')."
-        ) from err
+        commit = hub_commit(path, revision, "dataset")
+        rows = datasets.load_dataset(path, name, split=split, revision=commit)
+    except Exception as err:  # the hub's errors and datasets': `describe` says which it was, and what to do
+        raise describe(err, what, url, where) from err
+    if sources is not None:
+        sources.hub.append({"dataset": path, "config": name, "split": split, "revision": revision, "commit": commit})
+    return rows

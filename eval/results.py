@@ -8,13 +8,15 @@ is still alive): each line is appended under the run's write lock (.write.lock),
 the others appended, so lines never interleave and an example already written is not written again;
 and a shard has one writer at a time (`claim`), a second one is refused with ShardBusyError.
 
-One run, one way of computing: config.yaml records the settings and `runtime` (torch's version, each
-model's resolved device, dtype and GPU), and a process whose settings or runtime differ from the
-recorded ones may not add predictions (ResumeMismatchError). A process writes nothing until it is
-admitted (`admit`, after its shard's claim and its checks): a process refused before then leaves the
-directory as it found it, whoever holds it. config.yaml is replaced, and a line appended, only under
-the write lock, and an append first checks that config.yaml is still the one its process was admitted
-under: shards that start at once on different machines never mix, whichever writes first.
+One run, one input and one way of computing: config.yaml records the settings, `source` (what the run
+reads: the data's files with their sha256 or its hub splits with their commits, each model's commit or
+checksum) and `runtime` (torch's version, each model's resolved device, dtype and GPU), and a process whose
+settings, source or runtime differ from the recorded ones may not add predictions (ResumeMismatchError).
+A process writes nothing until it is admitted (`admit`, after its shard's claim and its checks): a process
+refused before then leaves the directory as it found it, whoever holds it. config.yaml is replaced, and a
+line appended, only under the write lock, and an append first checks that config.yaml is still the one its
+process was admitted under: shards that start at once on different machines never mix, whichever writes
+first.
 """
 
 import fcntl
@@ -82,10 +84,13 @@ class RunDir:
             yield
 
     def _check_same_run(self, recorded: dict) -> None:
-        """Refuse to add to predictions made with other settings or another runtime (ResumeMismatchError)."""
+        """Refuse to add to predictions made with other settings, from other data or models, or on another
+        runtime (ResumeMismatchError)."""
         recorded = dict(recorded or {})
         old_runtime, new_runtime = recorded.pop("runtime", None), self.config.get("runtime")
-        old, new = _flat(recorded), _flat({k: v for k, v in self.config.items() if k != "runtime"})
+        old_source, new_source = recorded.pop("source", None), self.config.get("source")
+        old = _flat(recorded)
+        new = _flat({k: v for k, v in self.config.items() if k not in ("runtime", "source")})
         changed = sorted(
             k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in resumable_settings(self.config)
         )
@@ -93,6 +98,16 @@ class RunDir:
             raise ResumeMismatchError(
                 f"{self.path} holds a run with other settings ({', '.join(changed)}); "
                 "resuming would mix predictions. Choose another hydra.run.dir or delete the directory."
+            )
+        if old_source is None or new_source is None:
+            if new_source is not None:
+                log.warning("%s: its predictions do not record the data and models they were made from", self.path)
+        elif differences := source_differences(old_source, new_source):
+            raise ResumeMismatchError(
+                f"{self.path} holds predictions made from other inputs: {'; '.join(differences)}. Their prompts or "
+                "models are not this process's, so one run must not mix them: write this one to another directory "
+                "(results_dir=... or hydra.run.dir=...), or resume it with the data and models it recorded "
+                "(config.yaml, source; docs/sweeps.md, 'One run, one source')."
             )
         if old_runtime is None or new_runtime is None:
             if new_runtime is not None:
@@ -150,18 +165,26 @@ class RunDir:
 
     @contextmanager
     def claim(self, shard: int, num_shards: int):
-        """Be the only writer of this shard while the block runs; a second one gets ShardBusyError."""
-        lock = open(self.path / f".shard-{shard}-of-{num_shards}.lock", "a+")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "another process"
-            lock.close()
-            raise ShardBusyError(
-                f"{self.path}: shard {shard} of {num_shards} is being decoded by {holder}; "
-                "wait for it to finish or stop it (two writers would decode the same examples twice)"
-            ) from None
+        """Be the only writer of this shard while the block runs; a second one gets ShardBusyError. The claim's lock
+        file goes when the block ends, removed while still held, so that a run refused after its claim leaves no
+        file behind; a process that opened the file just before then finds, once it holds it, that the name now
+        belongs to no file or another one, and claims the file under the name."""
+        path = self.path / f".shard-{shard}-of-{num_shards}.lock"
+        while True:
+            lock = open(path, "a+")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.seek(0)
+                holder = lock.read().strip() or "another process"
+                lock.close()
+                raise ShardBusyError(
+                    f"{self.path}: shard {shard} of {num_shards} is being decoded by {holder}; "
+                    "wait for it to finish or stop it (two writers would decode the same examples twice)"
+                ) from None
+            if _names(path, lock):
+                break
+            lock.close()  # its holder removed it as we opened it: the claim is the file under the name now
         try:
             lock.truncate(0)
             lock.write(f"pid {os.getpid()} on {os.uname().nodename}")
@@ -169,6 +192,7 @@ class RunDir:
             self.refresh()
             yield
         finally:
+            path.unlink(missing_ok=True)
             lock.close()
 
     def append_batching(self, shard: int, examples: int, models: dict[str, dict]) -> None:
@@ -264,12 +288,54 @@ def runtime_differences(recorded: dict, now: dict) -> list[str]:
     return differences
 
 
+def source_differences(recorded: dict, now: dict) -> list[str]:
+    """What differs between two `source` records, one phrase each. The data folder's own path is not compared:
+    the same files elsewhere (another checkout, a cluster's scratch disk) are the same data."""
+    differences = []
+    old, new = recorded.get("data") or {}, now.get("data") or {}
+    kinds = ("the hub" if old.get("hub") else "local files", "the hub" if new.get("hub") else "local files")
+    if kinds[0] != kinds[1]:
+        differences.append(f"data from {kinds[0]} then, from {kinds[1]} now")
+    old_files, new_files = old.get("files") or {}, new.get("files") or {}
+    for name in sorted(old_files.keys() | new_files.keys()):
+        if old_files.get(name) != new_files.get(name):
+            then, current = (_short(files.get(name)) for files in (old_files, new_files))
+            differences.append(f"data file {name}: sha256 {then} then, {current} now")
+    splits = {(h["dataset"], h["config"], h["split"]): h["commit"] for h in old.get("hub") or []}
+    for h in new.get("hub") or []:
+        key = (h["dataset"], h["config"], h["split"])
+        if key in splits and splits[key] != h["commit"]:
+            differences.append(
+                f"{h['dataset']} split {h['split']} at commit {_short(splits[key])} then, {_short(h['commit'])} now"
+            )
+    old_models, new_models = recorded.get("models") or [], now.get("models") or []
+    for then, current in zip(old_models, new_models):
+        for key in ("commit", "sha256"):
+            if then.get(key) != current.get(key):
+                differences.append(
+                    f"model {current.get('name')} {key} {_short(then.get(key))} then, {_short(current.get(key))} now"
+                )
+    return differences
+
+
+def _short(value: str | None) -> str:
+    return "none" if value is None else value[:12]
+
+
 def describe_runtime(runtime: dict) -> str:
     models = ", ".join(
         f"{m.get('name')} {m.get('dtype')} on {m.get('device')}" + (f" ({m['gpu']})" if m.get("gpu") else "")
         for m in runtime.get("models", [])
     )
     return f"{models or 'no models'} with torch {runtime.get('torch')}"
+
+
+def _names(path: Path, file) -> bool:
+    """Is `file` (open) the file that `path` names now?"""
+    try:
+        return os.stat(path).st_ino == os.fstat(file.fileno()).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

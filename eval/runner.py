@@ -16,7 +16,7 @@ import platform
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -27,11 +27,12 @@ from tqdm import tqdm
 
 from adafuse import Ensemble, Request, model_config
 from adafuse.config import ModelConfig
-from adafuse.errors import ConfigError, ContextLengthError, UnknownNameError
+from adafuse.errors import ConfigError, ContextLengthError, ModelFileError, UnknownNameError
 from adafuse.methods import METHODS
 from conf.compose import compose_run
 from conf.schema import check_known_keys, saved_config
 from eval.data import Example
+from eval.hub import describe, hub_commit
 from eval.results import RunDir, git_sha
 from eval.tasks import Task, resolve_data_dir
 from eval.tracking import Tracker
@@ -81,7 +82,11 @@ def main(cfg: DictConfig, run_dir: Path, admitted: Callable[[], None] | None = N
     mine = task.examples[shard::num_shards]
     prompts = {ex.id: task.prompt(ex) for ex in mine}
 
-    config = {**OmegaConf.to_container(cfg, resolve=True), "runtime": runtime_of(models)}
+    # What the run reads, resolved: the data's files and hub commits, each model's commit or checksum. The models
+    # then load at the commits recorded here, whatever their branch says by the time they load.
+    source = {"data": task.sources.record(), "models": model_sources(models)}
+    pair = pinned(pair, used, source["models"])
+    config = {**OmegaConf.to_container(cfg, resolve=True), "source": source, "runtime": runtime_of(models)}
     out = RunDir(run_dir, config)
     if settings.threads:
         torch.set_num_threads(settings.threads)
@@ -97,6 +102,7 @@ def main(cfg: DictConfig, run_dir: Path, admitted: Callable[[], None] | None = N
         out.admit()
         if admitted is not None:
             admitted()
+        log.info("%s: %s", task.name, describe_data(task))
         log.info(
             "%s: %d examples; shard %d of %d holds %d: %d already done, %d to decode",
             task.name,
@@ -127,6 +133,53 @@ def check_prompts_fit(ensemble: Ensemble, examples: list[Example], prompts: dict
         except ContextLengthError as err:
             where = f" ({example.origin})" if example.origin else ""
             raise ContextLengthError(f"example {example.id!r}{where}: {err}") from None
+
+
+def describe_data(task: Task) -> str:
+    """What the task read, for the log: data.dir=auto may have resolved to local files or to the hub."""
+    sources = task.sources
+    if sources.hub:
+        return "read from the Hugging Face hub: " + ", ".join(
+            f"{h['dataset']} {h['split']} at {h['commit'][:12]}" for h in sources.hub
+        )
+    relative = any(not Path(name).is_absolute() for name in sources.files)
+    return f"read {', '.join(sources.files)}" + (f" in {sources.local}" if relative else "")
+
+
+def model_sources(models: list[ModelConfig]) -> list[dict]:
+    """What each model's weights are, resolved before any loads: a hub model's commit (its revision, default
+    main, as the hub names it now, or as the local hub cache recorded it offline); a GGUF's pinned sha256 (checked
+    when it loads); a local folder's path."""
+    sources = []
+    for cfg in models:
+        if cfg.bundle is not None:
+            sources.append({"name": cfg.name, "bundle": cfg.bundle, "sha256": cfg.sha256})
+        elif cfg.path.endswith(".gguf") or Path(cfg.path).expanduser().exists() or cfg.path.startswith(("/", ".", "~")):
+            sources.append({"name": cfg.name, "path": cfg.path, "sha256": cfg.sha256})
+        else:
+            try:
+                commit = hub_commit(cfg.path, cfg.revision, "model")
+            except Exception as err:  # the hub's error, said with what to do about it
+                what, url = (
+                    f"model {cfg.name!r} ({cfg.path}, revision {cfg.revision or 'main'})",
+                    f"https://huggingface.co/{cfg.path}",
+                )
+                where, offline = (
+                    "the model's path and revision",
+                    "download it where there is, and set the model's path to it",
+                )
+                raise describe(err, what, url, where, offline, ModelFileError) from err
+            sources.append({"name": cfg.name, "hub": cfg.path, "revision": cfg.revision or "main", "commit": commit})
+    return sources
+
+
+def pinned(pair: list[ModelConfig], used: list[int], sources: list[dict]) -> list[ModelConfig]:
+    """The pair with each hub model the method uses set to load the commit its source records."""
+    pair = list(pair)
+    for k, source in zip(used, sources):
+        if "commit" in source:
+            pair[k] = replace(pair[k], revision=source["commit"])
+    return pair
 
 
 def record_text_rules(runtime: dict, ensemble: Ensemble) -> None:
@@ -160,8 +213,9 @@ def merge(run_dir: Path) -> dict | None:
     models = decoding_models(settings)
     settings.data.dir = resolve_data_dir(settings.data.dir)
     task = Task(settings.task, settings.data)
-    recorded = yaml.safe_load(path.read_text()).get("runtime")
-    config = OmegaConf.to_container(cfg, resolve=True) | ({"runtime": recorded} if recorded else {})
+    saved = yaml.safe_load(path.read_text())
+    recorded = {key: saved[key] for key in ("source", "runtime") if saved.get(key)}
+    config = OmegaConf.to_container(cfg, resolve=True) | recorded
     return finish(task, RunDir(run_dir, config), settings, models)
 
 
@@ -288,6 +342,8 @@ def summary(task: Task, records: list[dict], settings, models, out: RunDir) -> d
             "side_by_side": settings.batch_side_by_side,
             "models": out.batching(),
         },
+        # config.yaml's: the data's files (sha256) or hub splits (commit), each model's commit or checksum
+        "source": out.config.get("source"),
         "runtime": out.config.get("runtime"),  # config.yaml's: torch, each model's device, dtype and GPU
         "metrics": task.corpus_scores(records),
         "bleu_tokenizers": task.bleu_tokenizers(),  # each BLEU's sacrebleu tokenizer: 13a, flores101

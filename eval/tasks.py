@@ -12,7 +12,7 @@ from pathlib import Path
 from adafuse import through_last_blank_line
 from adafuse.errors import ConfigError, DataError
 from eval import paper_metrics  # noqa: F401  (registers the paper_* replicas in METRICS)
-from eval.data import Example, read_hub, read_local
+from eval.data import Example, Sources, read_hub, read_local
 from eval.extract import EXTRACTORS, extract
 from eval.metrics import METRICS, spbleu_available, spm_model_path
 
@@ -44,6 +44,8 @@ class Task:
             why = f"the flores101 SentencePiece model is not at {spm_model_path()} (this harness never downloads it)"
             self.skipped = {r: why for r, key in cfg.metrics.items() if key == "spbleu"}
             self.metrics = {r: m for r, m in self.metrics.items() if r not in self.skipped}
+        # What the task read (config.yaml's `source`: a resume with other data is refused, eval/results.py)
+        self.sources = Sources(local=str(Path(data.dir).expanduser().resolve()) if data.dir is not None else None)
         self.prompt_file = self._read_prompt_file()
         self.examples = self._load_examples()
         self.shots = self._load_shots()
@@ -72,9 +74,9 @@ class Task:
     def _read(self, sources: dict, what: str) -> list[Example]:
         kind, spec = self._source(sources, what)
         rows = (
-            read_hub(spec)
+            read_hub(spec, self.sources)
             if kind == "hub"
-            else read_local(spec, Path(self.data.dir).expanduser() if self.data.dir else None)
+            else read_local(spec, Path(self.data.dir).expanduser() if self.data.dir else None, self.sources)
         )
         if not rows:
             raise DataError(f"task {self.name!r}: the {what} ({spec}) hold no examples")
@@ -82,7 +84,7 @@ class Task:
 
     def _load_examples(self) -> list[Example]:
         if self.cfg.path is not None:  # task=custom: the user's own prompts
-            rows = read_local({"reader": "prompts_jsonl", "file": self.cfg.path}, None)
+            rows = read_local({"reader": "prompts_jsonl", "file": self.cfg.path}, None, self.sources)
             if not rows:
                 raise DataError(f"{self.cfg.path} holds no prompts")
         elif not self.cfg.eval:
@@ -119,6 +121,7 @@ class Task:
             raise DataError(f"task.prompt_file {path} does not exist")
         if self.cfg.paper_query is None:
             raise ConfigError(f"task {self.name!r} defines no paper_query to follow a prompt file")
+        self.sources.add_file(path)
         return path.read_text(encoding="utf-8")
 
     def prompt_file_path(self) -> Path:

@@ -3,6 +3,7 @@
     python scripts/make_table.py results                    # standard metrics: EM, accuracy, BLEU
     python scripts/make_table.py results --metric paper     # the paper_* replicas of the authors' scorers
     python scripts/make_table.py results --paper            # plus the paper's published numbers
+    python scripts/make_table.py results --sources          # plus what each run read: data and model commits
 
 One row per single model, baseline and AdaFuse configuration (a run id other than `default` is part
 of the row's name; LLM-Blender's ranker and DeePEn's main member always are), one column per task, and
@@ -14,7 +15,9 @@ both scored, with a paired bootstrap 95% interval. Column headers give the slice
 of a column's cells share them; otherwise every cell gives its own.
 
 Writes table1.md, table1.tex and table1.csv (table1_paper.* with --metric paper) into --out
-(default: RESULTS_DIR). The CSV is long-form: one line per cell or gain, numbers unrounded.
+(default: RESULTS_DIR). The CSV is long-form: one line per cell or gain, numbers unrounded. With --sources,
+table1_sources.md too: one line per run of the table, its data (each hub split at its commit, or each
+local file's sha256) and each model's commit (hub) or sha256 (GGUF), as its metrics.json records them.
 """
 
 import argparse
@@ -269,6 +272,37 @@ def long_form(rows: dict, gain_rows: dict) -> pd.DataFrame:
     return pd.DataFrame(lines)
 
 
+NOT_RECORDED_SOURCE = "not recorded"  # a run from before metrics.json recorded its source
+
+
+def sources_frame(rows: dict) -> pd.DataFrame:
+    """One line per run of the table: its row, task, data and models, each named by what pins it."""
+    lines = []
+    for (_, name), cells in rows.items():
+        for task, cell in cells.items():
+            source = cell.run.metrics.get("source")
+            data, models = (NOT_RECORDED_SOURCE,) * 2
+            if source:
+                data = describe_data_source(source["data"])
+                models = ", ".join(describe_model_source(m) for m in source["models"])
+            lines.append({"row": name, "task": TASKS.get(task, task), "data": data, "models": models})
+    return pd.DataFrame(lines)
+
+
+def describe_data_source(data: dict) -> str:
+    if data["hub"]:
+        return ", ".join(f"{h['dataset']} {h['config'] or ''} {h['split']}@{h['commit'][:12]}" for h in data["hub"])
+    return ", ".join(f"{name} (sha256 {digest[:12]})" for name, digest in data["files"].items())
+
+
+def describe_model_source(model: dict) -> str:
+    if "commit" in model:
+        return f"{model['name']} {model['hub']}@{model['commit'][:12]}"
+    if model.get("sha256"):
+        return f"{model['name']} (sha256 {model['sha256'][:12]})"
+    return f"{model['name']} {model['path']} (a local folder, not fingerprinted)"
+
+
 def caption(
     kind: str, resamples: int, shared: list[str], protocol: bool = False, tokenizers: dict[str, str] | None = None
 ) -> str:
@@ -297,6 +331,9 @@ def main() -> int:
     parser.add_argument("--pair", help="the model pair to tabulate, where the results hold several")
     parser.add_argument("--resamples", type=int, default=RESAMPLES)
     parser.add_argument("--out", type=Path, help="folder for table1.{md,tex,csv} (default: RESULTS_DIR)")
+    parser.add_argument(
+        "--sources", action="store_true", help="also table1_sources.md: each run's data and model commits"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -320,6 +357,11 @@ def main() -> int:
     long_form(rows, gain_rows).to_csv(out / f"{stem}.csv", index=False)
     print(table.to_markdown())
     log.info("wrote %s.{md,tex,csv} in %s", stem, out)
+    if args.sources:
+        sources = sources_frame(rows).to_markdown(index=False)
+        (out / f"{stem}_sources.md").write_text(f"What each run read and loaded (metrics.json, source).\n\n{sources}\n")
+        print(f"\n{sources}")
+        log.info("wrote %s_sources.md in %s", stem, out)
     return 0
 
 

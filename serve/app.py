@@ -7,15 +7,20 @@ join the batch in flight between its steps. Because merged passes are exact, a c
 one `Ensemble.decode` (and run.py) gives for the same request, however many others are decoding beside it.
 
 Routes: POST /v1/completions and /v1/chat/completions (serve/protocol.py checks their bodies), GET
-/v1/models, /health and /metrics (Prometheus text). SIGTERM drains: no new requests, those in flight finish,
-and any still decoding after `--grace` seconds ends with an error that says why.
+/v1/models, /health and /metrics (Prometheus text). With `--api-key` (or $ADAFUSE_API_KEY) every /v1/ route
+asks for `Authorization: Bearer <key>` (401 without). A body larger than `--max-body-mb` is refused (413)
+before it is read whole. SIGTERM drains: no new requests, those in flight finish, and any still decoding after
+`--grace` seconds ends with an error that says why.
 """
 
 import argparse
 import asyncio
 import dataclasses
+import hmac
+import ipaddress
 import json
 import logging
+import os
 import time
 import uuid
 from collections import Counter
@@ -39,6 +44,7 @@ from serve.protocol import (
     Defaults,
     finish_reason,
     method_config,
+    parse_body,
     parse_chat,
     parse_completion,
     usage,
@@ -52,6 +58,10 @@ DEFAULT_PORT = 8000
 DEFAULT_QUEUE_LIMIT = 64  # completions waiting for a slot; one more is refused with 429
 DEFAULT_MAX_TOKENS_LIMIT = 512
 DEFAULT_GRACE_SECONDS = 30.0
+# A request body's bound: ample for any prompt a model here can read (a 128k-token context at a few bytes a token,
+# escaped in JSON), small enough that reading and parsing one costs the server a fraction of a second.
+DEFAULT_MAX_BODY_MB = 32.0
+API_KEY_VARIABLE = "ADAFUSE_API_KEY"
 # uvicorn's own limit on the shutdown, after ours: time for the error responses to be written
 SHUTDOWN_MARGIN_SECONDS = 5.0
 
@@ -59,23 +69,27 @@ SHUTDOWN_MARGIN_SECONDS = 5.0
 class Server:
     """The routes' shared state: the engine's thread, the defaults, and the request counts for /metrics."""
 
-    def __init__(self, engine_loop: EngineLoop, defaults: Defaults):
+    def __init__(self, engine_loop: EngineLoop, defaults: Defaults, max_body_bytes: int):
         self.engine_loop = engine_loop
         self.defaults = defaults
+        self.max_body_bytes = max_body_bytes
         self.requests: Counter = Counter()  # (route, status) -> count
         self.started = int(time.time())
 
     async def complete(self, http: HttpRequest, chat: bool) -> Response:
         route = "/v1/chat/completions" if chat else "/v1/completions"
         try:
-            body = json.loads(await http.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            return self._error(route, ApiError(400, f"the body is not valid JSON: {err}"))
-        try:
+            body = parse_body(await self._body(http))
             completion = (parse_chat if chat else parse_completion)(body, self.defaults)
             ticket = self.engine_loop.open(completion)
         except ApiError as err:
             return self._error(route, err)
+        try:
+            await self.engine_loop.check(ticket)  # on the prompt-check thread: the engine's goes on meanwhile
+        except ApiError as err:
+            self.engine_loop.close_ticket(ticket, finished=True)  # it never reached the engine
+            return self._error(route, err)
+        self.engine_loop.admit(ticket)
         streaming = finished = False
         try:
             kind, detail = await ticket.events.get()
@@ -98,6 +112,25 @@ class Server:
         finally:
             if not streaming:
                 self.engine_loop.close_ticket(ticket, finished)
+
+    async def _body(self, http: HttpRequest) -> bytes:
+        """The request's body; ApiError 413 as soon as it is known to exceed the bound (its Content-Length, or the
+        bytes read so far), without reading the rest."""
+        too_large = ApiError(
+            413,
+            f"the body is larger than this server's bound of {self.max_body_bytes} bytes (--max-body-mb); a prompt "
+            "longer than the models' contexts could not be read anyway",
+        )
+        declared = http.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise too_large
+        chunks, size = [], 0
+        async for chunk in http.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise too_large
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def _error(self, route: str, err: ApiError) -> JSONResponse:
         self.requests[route, err.status] += 1
@@ -339,8 +372,36 @@ async def _next_event(ticket: Ticket, gone: asyncio.Task):
     return None
 
 
-def create_app(engine_loop: EngineLoop, defaults: Defaults) -> FastAPI:
-    server = Server(engine_loop, defaults)
+class RequireKey:
+    """ASGI middleware: every /v1/ route answers 401 unless the request carries `Authorization: Bearer <key>`, as
+    vLLM's --api-key does (/health and /metrics stay open to the cluster's probes). It answers before the route
+    reads the body."""
+
+    def __init__(self, app, key: str, server: Server):
+        self.app, self.key, self.server = app, key.encode(), server
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/") and not self._authorized(scope):
+            refused = ApiError(401, "this server needs an API key: send the header 'Authorization: Bearer <key>'")
+            self.server.requests[scope["path"], 401] += 1
+            response = JSONResponse(refused.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope) -> bool:
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = given.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+
+
+def create_app(
+    engine_loop: EngineLoop,
+    defaults: Defaults,
+    api_key: str | None = None,
+    max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20),
+) -> FastAPI:
+    server = Server(engine_loop, defaults, max_body_bytes)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -350,6 +411,8 @@ def create_app(engine_loop: EngineLoop, defaults: Defaults) -> FastAPI:
 
     app = FastAPI(title="adafuse-serve", lifespan=lifespan)
     app.state.server = server
+    if api_key:
+        app.add_middleware(RequireKey, key=api_key, server=server)
 
     @app.post("/v1/completions")
     async def completions(http: HttpRequest) -> Response:
@@ -403,7 +466,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-tokens", type=int, default=DEFAULT_MAX_TOKENS_LIMIT, help="the most max_tokens a request may ask for"
     )
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="where to listen (default: the loopback only)")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_VARIABLE) or None,
+        help=f"the key /v1/ routes ask for as 'Authorization: Bearer <key>' (default: ${API_KEY_VARIABLE}; none)",
+    )
+    parser.add_argument(
+        "--max-body-mb", type=float, default=DEFAULT_MAX_BODY_MB, help="a larger request body is refused (413)"
+    )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0: any free port (the log says which)")
     parser.add_argument("--served-name", help="the model id clients send (default: the pair's name, or --models)")
     parser.add_argument(
@@ -415,6 +486,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--cache-dir", help="where converted models are kept (default: $ADAFUSE_CACHE)")
     return parser
+
+
+def loopback(host: str) -> bool:
+    """Does `host` listen on the loopback only (127.0.0.0/8, ::1, localhost), unreachable from other machines?"""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it resolves to whatever the machine says
+        return False
 
 
 def _knobs(parser: argparse.ArgumentParser, tokens: list[str]) -> dict:
@@ -436,6 +517,15 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.queue_limit < 0 or args.grace < 0 or args.port < 0:
         parser.error("--queue-limit, --grace and --port must be >= 0")
+    if not args.max_body_mb > 0:
+        parser.error(f"--max-body-mb must be > 0, got {args.max_body_mb}")
+    if not args.api_key and not loopback(args.host):
+        log.warning(
+            "listening on %s without an API key: anyone who can reach this address can use the ensemble; on a machine "
+            "shared with others set --api-key (or $%s)",
+            args.host,
+            API_KEY_VARIABLE,
+        )
     try:
         configs = model_configs(args.pair, args.models)
         if args.chat_template:
@@ -462,7 +552,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     engine_loop = EngineLoop(ensemble, batch_size=args.batch_size, queue_limit=args.queue_limit)
     config = uvicorn.Config(
-        create_app(engine_loop, defaults),
+        create_app(engine_loop, defaults, args.api_key, int(args.max_body_mb * 2**20)),
         host=args.host,
         port=args.port,
         timeout_graceful_shutdown=args.grace + SHUTDOWN_MARGIN_SECONDS,

@@ -1,17 +1,19 @@
 """The engine's thread: the one thread that runs the engine loop and touches the models.
 
 The HTTP handlers run on the event loop's thread (serve/app.py). Each request is a `Ticket`: its choices
-(one example each), put on a thread-safe inbox. Between two engine steps this thread takes everything in the
-inbox: it checks that each prompt fits every model's context (the models' tokenizers are used here only) and
-submits the examples, which join the batch in flight at the next step (continuous batching); it cancels the
-tickets whose clients left, and submits the texts that asked for log-probabilities as scoring jobs, which the
-engine steps beside the completions like any example (a long text's scoring never stalls the others). Then it
-runs one step and hands each finished example, each finished scoring job and each text a session reported as
-final back to its ticket's event queue through the event loop (`call_soon_threadsafe`). Nothing in the
-decode path takes a lock.
+(one example each). Before a ticket reaches the engine, the prompt-check thread counts each prompt's tokens
+for every model, with its own copies of their tokenizers (`Ensemble.prompt_check`): a prompt too long for a
+model's context is refused there, and one too long in bytes alone before any tokenizer reads it, so that no
+prompt, however large, costs the engine's thread anything. An admitted ticket goes on a thread-safe inbox.
+Between two engine steps the engine's thread takes everything in the inbox: it submits the examples, which join
+the batch in flight at the next step (continuous batching); it cancels the tickets whose clients left, and
+submits the texts that asked for log-probabilities as scoring jobs, which the engine steps beside the
+completions like any example (a long text's scoring never stalls the others). Then it runs one step and hands
+each finished example, each finished scoring job and each text a session reported as final back to its
+ticket's event queue through the event loop (`call_soon_threadsafe`). Nothing in the decode path takes a lock.
 
-Exact merged passes (adafuse/backend/invariance.py) give every example the bits of its decode alone, whatever else is
-in flight: a completion's text does not depend on the server's load.
+Exact merged passes (adafuse/backend/) give every example the bits of its decode alone, whatever else is in
+flight: a completion's text does not depend on the server's load.
 
 Shutdown drains: after `drain(grace)` no new ticket is taken; the ones in flight go on, and any still there
 when the grace period ends is answered with an error that says so.
@@ -23,6 +25,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from adafuse import Job, ScoreJob
@@ -38,8 +41,8 @@ SCORE = "score"  # a scoring job's place in an engine key, where a completion's 
 @dataclass
 class Ticket:
     """One HTTP request's examples, as the handler and the engine's thread share it. The handler reads
-    `events` (an asyncio.Queue): ("admitted", prompt_tokens), ("refused", ApiError), ("text", choice, final
-    text), ("done", choice, Generation), ("failed", ApiError), ("scored", likelihoods)."""
+    `events` (an asyncio.Queue): ("admitted", prompt_tokens), ("text", choice, final text), ("done", choice,
+    Generation), ("failed", ApiError), ("scored", likelihoods)."""
 
     id: int
     completion: Completion
@@ -47,6 +50,7 @@ class Ticket:
     loop: asyncio.AbstractEventLoop
     submitted: float = field(default_factory=time.perf_counter)
     open: int = 0  # choices still decoding (the engine's thread's count)
+    prompt_tokens: list = field(default_factory=list)  # per choice, each model's count (`EngineLoop.check`)
 
     def post(self, *event) -> None:
         """Hand the handler an event, from the engine's thread."""
@@ -67,13 +71,16 @@ class Counters:
 
 
 class EngineLoop:
-    """Owns the ensemble's engine and its thread. `open` (from the event loop) admits a request or refuses it at
-    once (queue full: 429; shutting down: 503); everything else goes through the inbox."""
+    """Owns the ensemble's engine and its thread. From the event loop, `open` takes a request or refuses it at
+    once (queue full: 429; shutting down: 503), `check` counts its prompts' tokens on the prompt-check thread,
+    and `admit` hands it to the engine; everything after that goes through the inbox."""
 
     def __init__(self, ensemble, *, batch_size: int, queue_limit: int):
         self._ensemble = ensemble
         self._batch_size = batch_size
         self._engine = ensemble.engine(batch_size=batch_size)
+        self._prompt_check = ensemble.prompt_check()  # its own tokenizers, for its own thread
+        self._checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adafuse-prompt-check")
         # in flight and waiting together: more are refused at once (429), never left to hang
         self.capacity = batch_size + queue_limit
         self._outstanding = 0  # choices taken and not yet over: only the event loop's thread counts them
@@ -94,7 +101,8 @@ class EngineLoop:
         return self._deadline is not None
 
     def open(self, completion: Completion) -> Ticket:
-        """A ticket for the request, its choices queued for the engine; ApiError if it cannot be taken now."""
+        """A ticket for the request, its room among the completions held for it; ApiError if it cannot be taken
+        now. Then `check` it, and `admit` it or give it back (`close_ticket`)."""
         if self.draining:
             raise ApiError(503, "the server is shutting down and takes no new requests")
         choices = len(completion.requests)
@@ -105,9 +113,23 @@ class EngineLoop:
                 f"): retry later",
             )
         self._outstanding += choices
-        ticket = Ticket(next(self._ids), completion, asyncio.Queue(), asyncio.get_running_loop())
+        return Ticket(next(self._ids), completion, asyncio.Queue(), asyncio.get_running_loop())
+
+    async def check(self, ticket: Ticket) -> None:
+        """Count each prompt's tokens for every model (the ticket's `prompt_tokens`) on the prompt-check thread;
+        ApiError 400 naming the prompt if one leaves some model too little of its context."""
+        completion = ticket.completion
+        try:
+            ticket.prompt_tokens = await ticket.loop.run_in_executor(
+                self._checker,
+                lambda: [self._prompt_check.lengths(r.prompt, completion.reserve) for r in completion.requests],
+            )
+        except (ContextLengthError, DataError) as err:
+            raise ApiError(400, str(err), "prompt") from None
+
+    def admit(self, ticket: Ticket) -> None:
+        """Hand a checked ticket to the engine: its examples join the batch in flight at the next step."""
         self._inbox.put(("admit", ticket))
-        return ticket
 
     def close_ticket(self, ticket: Ticket, finished: bool) -> None:
         """The handler is done with the ticket; if it did not see every choice end (its client left, or an
@@ -130,6 +152,7 @@ class EngineLoop:
         """End the engine's thread (after the last response) and close the engine."""
         self._inbox.put(("stop",))
         self._thread.join()
+        self._checker.shutdown(wait=False, cancel_futures=True)
 
     # ---- the engine's thread --------------------------------------------------------------------------------
 
@@ -169,17 +192,12 @@ class EngineLoop:
 
     def _admit(self, ticket: Ticket) -> None:
         completion = ticket.completion
-        try:
-            lengths = [self._ensemble.prompt_lengths(r.prompt, completion.reserve) for r in completion.requests]
-        except (ContextLengthError, DataError) as err:
-            ticket.post("refused", ApiError(400, str(err), "prompt"))
-            return
         self._tickets[ticket.id] = ticket
         ticket.open = len(completion.requests)
         for choice, request in enumerate(completion.requests):
             heard = _listener(ticket, choice) if completion.stream else None
             self._engine.submit((ticket.id, choice), Job(request, completion.method, completion.config, heard))
-        ticket.post("admitted", lengths)
+        ticket.post("admitted", ticket.prompt_tokens)
 
     def _cancel(self, ticket: Ticket) -> None:
         if self._tickets.pop(ticket.id, None) is not None:

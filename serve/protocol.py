@@ -4,10 +4,11 @@ Everything a body asks for is checked here, before anything reaches the engine: 
 (a 4xx whose JSON names the field), never a failure halfway through a decode. Every method here decodes
 greedily, so whatever asks for sampling (`temperature` > 0, `top_p` < 1, `n` > 1, penalties, `logit_bias`)
 is refused with the reason. What needs the models' tokenizers (does the prompt fit each model's context?)
-is checked on the engine's thread (serve/loop.py), which alone touches the models.
+is checked by serve/loop.py, on a thread of its own with its own copies of them.
 """
 
 import dataclasses
+import json
 import re
 import types
 import typing
@@ -40,6 +41,17 @@ class ApiError(Exception):
             self.status, "invalid_request_error" if self.status < 500 else "server_error"
         )
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
+
+
+def parse_body(raw: bytes) -> Any:
+    """A request body as JSON; whatever it is if not (bytes that are not UTF-8, malformed JSON, arrays nested too deep
+    for the parser, a number too long to convert), an ApiError 400 that says which."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ApiError(400, "the body is not JSON this server reads: it is nested too deep") from None
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, an integer of more digits than Python converts
+        raise ApiError(400, f"the body is not valid JSON: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -221,7 +233,16 @@ def _prompts(prompt: Any) -> list[str]:
             raise ApiError(400, f"prompt must be text, got {type(p).__name__}", "prompt")
         if not p:
             raise ApiError(400, "prompt is empty: there is nothing to continue", "prompt")
+        _unicode(p, "prompt")
     return prompts
+
+
+def _unicode(text: str, field: str) -> None:
+    """JSON's \\u escapes can spell half a surrogate pair, which is no character: refused, as no model can read it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ApiError(400, f"{field} is not Unicode text: {err.reason} at character {err.start}", field) from None
 
 
 def _user_message(messages: Any) -> str:
@@ -240,6 +261,7 @@ def _user_message(messages: Any) -> str:
         content = "".join(str(p.get("text", "")) for p in content)
     if not isinstance(content, str) or not content:
         raise ApiError(400, "messages[0].content must be non-empty text", "messages")
+    _unicode(content, "messages")
     return content
 
 
@@ -251,6 +273,8 @@ def _stop(stop: Any) -> tuple[str, ...]:
         raise ApiError(400, "stop must be a string or a list of strings", "stop")
     if any(not s for s in stops):
         raise ApiError(400, "stop: an empty stop string would stop before the first word", "stop")
+    for text in stops:
+        _unicode(text, "stop")
     return tuple(stops)
 
 

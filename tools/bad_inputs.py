@@ -2,10 +2,10 @@
 
 tests/config/test_bad_inputs.py holds run.py (through `eval.runner.main`, as run.py calls it) and
 `python -m eval.report` to every case of theirs: the error's class and message, nothing changed on disk,
-no model loaded. The other cases are tried where their models are (`tried_in`), against the same
-message. docs/configuration.md's table of bad inputs is rendered from this list (`python -m
-tools.render_docs`; the docs check compares). In a message, {dir} is the folder a case's files are
-in, and any other {name} stands for a part that varies (a process id, a token count).
+no model loaded. The other cases are tried where their models, their server or their stand-in for the hub
+are (`tried_in`), against the same message. docs/configuration.md's table of bad inputs is rendered from
+this list (`python -m tools.render_docs`; the docs check compares). In a message, {dir} is the folder a
+case's files are in, and any other {name} stands for a part that varies (a process id, a token count).
 """
 
 import fcntl
@@ -286,6 +286,19 @@ CASES = [
         setup="run_with_the_defaults",
     ),
     BadInput(
+        "other_data",
+        "a run directory that holds predictions made from other data (another prompts file, another data folder's "
+        "files, the hub for local files, another hub commit)",
+        CUSTOM,
+        "ResumeMismatchError",
+        "{dir}/run holds predictions made from other inputs: data file {dir}/prompts.jsonl: sha256 000000000000 then, "
+        "{now} now. Their prompts or models are not this process's, so one run must not mix them: write this one to "
+        "another directory (results_dir=... or hydra.run.dir=...), or resume it with the data and models it recorded "
+        "(config.yaml, source; docs/sweeps.md, 'One run, one source').",
+        files={"prompts.jsonl": PROMPTS},
+        setup="run_from_other_prompts",
+    ),
+    BadInput(
         "other_device",
         "a run directory that holds predictions decoded on another device and dtype",
         CUSTOM,
@@ -363,6 +376,52 @@ CASES = [
         "124, but the model's context holds 8192",
         files={"long.jsonl": '{"id": "long", "prompt": "' + "word " * 9000 + '"}\n'},
         slow=True,
+    ),
+    # ---- the hub path's readers (data.dir=null): refused naming what went wrong, before any model loads --------
+    BadInput(
+        "hub_gated",
+        "a gated hub dataset whose terms the account has not accepted (or no login)",
+        ("task=triviaqa data.dir=null",),
+        "DataError",
+        "cannot read dataset mandarjoshi/trivia_qa (unfiltered.nocontext) split 'validation' from the Hugging Face "
+        "hub: {error}; it is gated: accept its terms at https://huggingface.co/datasets/mandarjoshi/trivia_qa with "
+        "your account, then log in here with `hf auth login`",
+        tool="hub reader",
+        tried_in="tests/unit/test_hub_data.py",
+    ),
+    BadInput(
+        "hub_config",
+        "a config the hub dataset does not have",
+        ("task=triviaqa data.dir=null task.eval.hub.name=unfiltered.nocontxt",),
+        "DataError",
+        "cannot read dataset mandarjoshi/trivia_qa (unfiltered.nocontxt) split 'validation' from the Hugging Face hub: "
+        "BuilderConfig 'unfiltered.nocontxt' not found. Available: {configs}; check the task's hub source "
+        "(task.eval.hub / task.fewshot.hub: path 'mandarjoshi/trivia_qa', name, split, revision)",
+        tool="hub reader",
+        tried_in="tests/unit/test_hub_data.py",
+    ),
+    BadInput(
+        "hub_unreachable",
+        "the hub out of reach (no network, or HF_HUB_OFFLINE=1 with nothing cached)",
+        ("task=triviaqa data.dir=null",),
+        "DataError",
+        "cannot read dataset mandarjoshi/trivia_qa (unfiltered.nocontext) split 'validation' from the Hugging Face "
+        "hub: {error}; the Hugging Face hub cannot be reached from here (no network, or HF_HUB_OFFLINE=1 with nothing "
+        "cached for it). Without network access, point data.dir at a local copy (docs/data.md, 'Where data come "
+        "from')",
+        tool="hub reader",
+        tried_in="tests/unit/test_hub_data.py",
+    ),
+    BadInput(
+        "hub_flores_shape",
+        "a FLORES split without FLORES+'s field text (the old facebook/flores, a script datasets >= 4 cannot run)",
+        ("task=flores_en_de data.dir=null task.eval.hub.path=facebook/flores",),
+        "DataError",
+        "facebook/flores (eng_Latn) split 'devtest' has no field 'text' (its fields: {fields}): the FLORES reader "
+        "reads FLORES+ (openlanguagedata/flores_plus); the original facebook/flores is a loading script, which "
+        "datasets >= 4 cannot run",
+        tool="hub reader",
+        tried_in="tests/unit/test_hub_data.py",
     ),
     # ---- the Python API: refused before any model reads the prompt -----------------------------------------
     BadInput(
@@ -481,6 +540,54 @@ CASES = [
         "tau must be >= 0 (tau > 1 means 'never confident'), got -1.0",
         tool="adafuse-lm-eval",
     ),
+    # ---- adafuse-serve: a request refused before it reaches the engine (status, then OpenAI's error message) ----
+    BadInput(
+        "serve_no_key",
+        "a request without the API key the server was started with (--api-key, $ADAFUSE_API_KEY)",
+        ("POST /v1/completions without 'Authorization: Bearer <key>'",),
+        "401",
+        "this server needs an API key: send the header 'Authorization: Bearer <key>'",
+        tool="adafuse-serve",
+        tried_in="tests/integration/test_serve_faults.py",
+    ),
+    BadInput(
+        "serve_body_too_large",
+        "a body larger than --max-body-mb (default 32)",
+        ("POST /v1/completions with a 40 MB body",),
+        "413",
+        "the body is larger than this server's bound of 33554432 bytes (--max-body-mb); a prompt longer than the "
+        "models' contexts could not be read anyway",
+        tool="adafuse-serve",
+        tried_in="tests/integration/test_serve.py",
+    ),
+    BadInput(
+        "serve_nested_json",
+        "JSON nested deeper than the parser reads",
+        ("[[[...]]], 100,000 deep",),
+        "400",
+        "the body is not JSON this server reads: it is nested too deep",
+        tool="adafuse-serve",
+        tried_in="tests/integration/test_serve.py",
+    ),
+    BadInput(
+        "serve_surrogate",
+        "a prompt holding half a surrogate pair (JSON can spell it, no model can read it)",
+        ('{"prompt": "Hi \\ud800"}',),
+        "400",
+        "prompt is not Unicode text: surrogates not allowed at character 3",
+        tool="adafuse-serve",
+        tried_in="tests/integration/test_serve.py",
+    ),
+    BadInput(
+        "serve_prompt_bytes",
+        "a prompt longer in bytes than a model's context can hold, refused before any tokenizer reads it",
+        ('{"prompt": "word " * 6000000}',),
+        "400",
+        "model 'smollm2_135m': a prompt of 30000000 bytes has more than {tokens} tokens (no token of the model stands "
+        "for more than {longest} bytes of a prompt) and decoding may add {reserve}, but the model's context holds 8192",
+        tool="adafuse-serve",
+        tried_in="tests/integration/test_serve.py",
+    ),
     # ---- python -m eval.report -----------------------------------------------------------------------------
     BadInput(
         "report_not_a_run",
@@ -528,16 +635,22 @@ CASES = [
 
 
 def admitted_run(folder: Path) -> None:
-    """{dir}/run as a process of task=custom with the default settings leaves it once admitted: its config.yaml,
-    written as eval/results.py writes it (by hand here, so that the case means the same for any version of it)."""
+    """{dir}/run as a process of task=custom with the default settings leaves it once admitted, its prompts in
+    {dir}/prompts.jsonl: its config.yaml, written as eval/results.py writes it (by hand here, so that the case
+    means the same for any version of it)."""
     import yaml
     from omegaconf import OmegaConf
 
     from conf.compose import compose_run
-    from eval.runner import decoding_models, runtime_of, settings_of
+    from eval.runner import decoding_models, model_sources, runtime_of, settings_of
+    from eval.tasks import Task
 
+    (folder / "prompts.jsonl").write_text(PROMPTS)
     cfg = compose_run(*[a.format(dir=folder) for a in CUSTOM], "wandb.mode=disabled")
-    config = {**OmegaConf.to_container(cfg, resolve=True), "runtime": runtime_of(decoding_models(settings_of(cfg)))}
+    settings = settings_of(cfg)
+    models = decoding_models(settings)
+    source = {"data": Task(settings.task, settings.data).sources.record(), "models": model_sources(models)}
+    config = {**OmegaConf.to_container(cfg, resolve=True), "source": source, "runtime": runtime_of(models)}
     (folder / "run").mkdir()
     (folder / "run" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
 
@@ -556,6 +669,19 @@ def run_on_a_gpu(folder: Path) -> None:
     path = folder / "run" / "config.yaml"
     config = yaml.safe_load(path.read_text())
     config["runtime"]["models"][0] |= {"device": "cuda:0", "dtype": "bfloat16", "gpu": "NVIDIA H200"}
+    path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+
+
+def run_from_other_prompts(folder: Path) -> None:
+    """The run of `run_with_the_defaults`, its prompts file as it was then: another file than {dir}/prompts.jsonl
+    now (the same ids, other prompts)."""
+    import yaml
+
+    run_with_the_defaults(folder)
+    path = folder / "run" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    (name,) = config["source"]["data"]["files"]
+    config["source"]["data"]["files"][name] = "0" * 64
     path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
 
 
@@ -582,10 +708,10 @@ def truncated_gguf(folder: Path) -> None:
 def truncated_safetensors(folder: Path) -> None:
     """SmolLM2's converted folder (config and tokenizer) with a model.safetensors cut short."""
     import torch
+    from adafuse.loading.pretrained import converted_gguf_dir, default_cache_dir
     from safetensors.torch import save_file
 
     from adafuse.ensemble import model_config
-    from adafuse.loading.pretrained import converted_gguf_dir, default_cache_dir
 
     converted = converted_gguf_dir(model_config("smollm2_135m"), default_cache_dir())
     model = folder / "model"
@@ -613,6 +739,7 @@ SETUPS = {
     f.__name__: f
     for f in (
         run_with_the_defaults,
+        run_from_other_prompts,
         run_on_a_gpu,
         shard_held_by_another_run,
         truncated_gguf,

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from adafuse.trace import Stats
 from conf.compose import compose_run
 from eval.results import RunDir
-from eval.runner import decoding_models, main, settings_of, summary
+from eval.runner import decoding_models, main, model_sources, settings_of, summary
 from eval.tasks import Task
 from tools.paths import SHARED_DATA
 
@@ -52,7 +52,9 @@ def write_run(root: Path, task: str, method: str, correct: list[bool], *override
     settings = settings_of(cfg)
     task_ = Task(settings.task, settings.data)
     run_id = ",".join(overrides) or "default"
-    out = RunDir(root / task / method / "tiny" / run_id, OmegaConf.to_container(cfg, resolve=True)).admit()
+    source = {"data": task_.sources.record(), "models": model_sources(decoding_models(settings))}
+    config = {**OmegaConf.to_container(cfg, resolve=True), "source": source}
+    out = RunDir(root / task / method / "tiny" / run_id, config).admit()
     for example, right in zip(task_.examples, correct, strict=True):
         prediction = example.references[0] if right else "no idea"
         answer, scores = task_.score(example, prediction)

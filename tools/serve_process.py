@@ -58,15 +58,16 @@ class ServerProcess:
 
 
 @contextmanager
-def serving(*args: str, log: Path, ready_seconds: float = 300) -> Iterator[ServerProcess]:
-    """`python -m serve ARGS --port 0`, its output in `log`, ready to answer on its `url`."""
+def serving(*args: str, log: Path, ready_seconds: float = 300, env: dict | None = None) -> Iterator[ServerProcess]:
+    """`python -m serve ARGS --port 0`, its output in `log`, ready to answer on its `url`; `env` adds to the
+    environment."""
     with open(log, "w") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "serve", *args, "--port", "0"],
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
     server = ServerProcess(process, log)
     try:

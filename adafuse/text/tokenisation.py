@@ -70,7 +70,11 @@ class Tokenisation:
         if not self.chat_template:
             return prompt
         messages = [{"role": "user", "content": prompt}]
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # The answer starts at once: a template with a thinking mode (Qwen3) is told to leave it off; the others
+        # never read the variable.
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+        )
 
     def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         """`text`'s ids as the tokenizer encodes it (a string that spells a special token becomes it);

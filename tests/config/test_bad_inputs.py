@@ -122,3 +122,13 @@ def test_a_run_refused_at_a_busy_shard_leaves_the_run_that_holds_it_as_it_was(tm
         assert done.returncode == 2, done.stdout + done.stderr
         assert "ShardBusyError: " in done.stdout + done.stderr and "Traceback" not in done.stderr
         assert on_disk(tmp_path) == before
+
+
+def test_a_run_refused_after_claiming_its_shard_leaves_no_folder_behind(tmp_path):
+    """A model file is checked after the run claims its shard (a lock file in the run directory): the refused run
+    gives the claim back and removes its lock file, so the folders it created go too."""
+    case = bad_input("missing_gguf")
+    with prepared(case, tmp_path):
+        done = run_py(tmp_path, *formatted(case, tmp_path), f"hydra.run.dir={tmp_path}/results/nq/run")
+    assert done.returncode == 2 and "ModelFileError: " in done.stdout + done.stderr, done.stdout + done.stderr
+    assert not (tmp_path / "results").exists(), sorted(str(p) for p in (tmp_path / "results").rglob("*"))

@@ -10,6 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+from adafuse.ensemble import MODEL_CONFIGS, model_config
 from adafuse.methods import METHODS as REGISTERED
 from conf.compose import compose_run
 from conf.schema import check_known_keys, run_id
@@ -92,16 +93,16 @@ def test_the_embedded_default_is_the_tiny_pair_on_a_slice():
     assert settings_of(compose_run("task.limit=5")).task.limit == 5
 
 
-def test_only_internlm_trusts_remote_code():
-    trusting = [
-        m.name
-        for pair in PAIRS
-        for m in settings_of(compose_run(f"model_pair={pair}")).model_pair.members.values()
-        if m.trust_remote_code
-    ]
-    assert trusting == []
+def test_no_model_trusts_remote_code_and_every_hub_model_names_its_revision():
+    """InternLM3 too loads with transformers' own support (tests/engine/test_loading.py); each hub model's revision
+    is what a run resolves to a commit and records."""
+    configs = [model_config(path.stem) for path in sorted(MODEL_CONFIGS.glob("*.yaml"))]
+    assert [m.name for m in configs if m.trust_remote_code] == []
+    assert {m.name: m.revision for m in configs if m.bundle is None} == {
+        name: "main" for name in ("internlm3_8b_instruct", "llama31_8b_instruct", "mistral7b_instruct_v03", "qwen3_8b")
+    }
     model = settings_of(compose_run("model@model_pair.members.m1=internlm3_8b_instruct")).model_pair.members["m1"]
-    assert model.trust_remote_code and model.path == "internlm/internlm3-8b-instruct"
+    assert not model.trust_remote_code and model.path == "internlm/internlm3-8b-instruct"
 
 
 @pytest.mark.parametrize(

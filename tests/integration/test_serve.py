@@ -20,6 +20,7 @@ from lm_eval.tasks import TaskManager
 import eval.lm_harness  # noqa: F401  (registers lm_eval's model "adafuse")
 from eval.lm_tasks import write_tasks
 from serve.protocol import words
+from tools.bad_inputs import bad_input, pattern
 from tools.paths import ROOT, SHARED_DATA
 from tools.serve_process import serving
 
@@ -92,6 +93,7 @@ def test_concurrent_completions_are_run_py_s_predictions_bit_for_bit(server, cli
 BAD_REQUESTS = [
     # (route, body, status, the field the error names, a phrase of its message)
     ("completions", b"{not json", 400, None, "not valid JSON"),
+    ("completions", b'{"prompt": "Hi", "max_tokens": ' + b"9" * 5000 + b"}", 400, None, "not valid JSON"),
     ("completions", [1, 2], 400, None, "JSON object"),
     ("completions", {"prompt": "Hi", "adafuse": {"method": "unit"}}, 400, "adafuse.method", "Did you mean 'unite'"),
     ("completions", {"prompt": "Hi", "adafuse": {"taus": 0.5}}, 400, "adafuse.taus", "no setting 'taus'"),
@@ -100,7 +102,8 @@ BAD_REQUESTS = [
     ("completions", {"prompt": "Hi", "adafuse": {"method": "deepen", "cache_dir": "/"}}, 400, "adafuse.cache_dir", ""),
     ("completions", {"prompt": ""}, 400, "prompt", "empty"),
     ("completions", {"prompt": [[1, 2, 3]]}, 400, "prompt", "token ids"),
-    ("completions", {"prompt": "word " * 9000}, 400, "prompt", "context holds 8192"),
+    ("completions", {"prompt": "word " * 9000}, 400, "prompt", "a prompt has 9001 tokens"),  # counted, then refused
+    ("completions", {"prompt": "word " * 200_000}, 400, "prompt", "a prompt of 1000000 bytes has more than"),
     ("completions", {"prompt": "Hi", "max_tokens": 0}, 400, "max_tokens", "between 1 and 64"),
     ("completions", {"prompt": "Hi", "max_tokens": MAX_TOKENS + 1}, 400, "max_tokens", "between 1 and 64"),
     ("completions", {"prompt": "Hi", "n": 2}, 400, "n", "greedily"),
@@ -115,7 +118,22 @@ BAD_REQUESTS = [
 ]
 
 
+# The server's cases of tools/bad_inputs.py (docs/configuration.md's table) and the body each sends.
+BAD_INPUTS = {
+    "serve_nested_json": (b"[" * 100_000 + b"]" * 100_000, None),  # was a 500: the parser's recursion overflowed
+    "serve_surrogate": (b'{"prompt": "Hi \\ud800"}', "prompt"),
+}
+
+
+def assert_refused_as_written(key: str, reply: httpx.Response, field: str | None) -> None:
+    case, error = bad_input(key), reply.json()["error"]
+    assert (reply.status_code, error["param"]) == (int(case.error), field), error
+    assert pattern(case.message, ROOT).fullmatch(error["message"]), error["message"]
+
+
 def test_bad_requests_are_refused_naming_the_field(server, client):
+    for key, (body, field) in BAD_INPUTS.items():
+        assert_refused_as_written(key, httpx.post(f"{server.url}/v1/completions", content=body, timeout=60), field)
     for route, body, status, field, phrase in BAD_REQUESTS:
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
         reply = httpx.post(f"{server.url}/v1/{route}", content=content, timeout=60)
@@ -125,6 +143,49 @@ def test_bad_requests_are_refused_naming_the_field(server, client):
     with pytest.raises(openai.BadRequestError, match="greedily"):  # as the official client shows it
         client.completions.create(model="tiny", prompt="Hi", temperature=1.0)
     assert client.completions.create(model="tiny", prompt="The capital of Italy is", max_tokens=2).choices[0].text
+
+
+def test_a_body_over_the_bound_is_refused_before_it_is_read_whole(server, client):
+    body = b'{"prompt": "' + b"word " * 8_000_000 + b'"}'  # 40 MB, over the default 32 MiB
+    reply = httpx.post(f"{server.url}/v1/completions", content=body, timeout=120)
+    assert_refused_as_written("serve_body_too_large", reply, None)
+    assert client.completions.create(model="tiny", prompt="The capital of Italy is", max_tokens=2).choices[0].text
+
+
+def test_a_30_mb_prompt_is_refused_by_its_size_and_a_completion_beside_it_is_not_delayed(server, client):
+    """The prompt is refused from its bytes alone, before any tokenizer reads it, off the engine's thread (it
+    used to be tokenized whole on the engine's thread: 38 s, during which every completion waited). A small
+    completion takes as long beside it as alone, give or take the reading of 30 MB: each is timed alone and
+    beside one, in turn, and the fastest of each compared (the machine's other work only ever adds time)."""
+    big = json.dumps({"model": "tiny", "prompt": "word " * 6_000_000}).encode()  # 30 MB
+
+    def small() -> float:
+        started = time.perf_counter()
+        client.completions.create(model="tiny", prompt="The capital of Italy is", max_tokens=4)
+        return time.perf_counter() - started
+
+    def beside_big() -> tuple[float, float]:
+        seconds: list[float] = []
+        asker = threading.Thread(target=lambda: seconds.append(small()))
+        asker.start()
+        time.sleep(0.1)  # the small completion is in flight
+        started = time.perf_counter()
+        reply = httpx.post(f"{server.url}/v1/completions", content=big, timeout=300)
+        refused_after = time.perf_counter() - started
+        asker.join()
+        assert_refused_as_written("serve_prompt_bytes", reply, "prompt")
+        return seconds[0], refused_after
+
+    alone, beside, refused = [], [], []
+    for _ in range(5):  # enough turns that some of each fall in a quiet moment of a shared machine
+        alone.append(small())
+        seconds, refused_after = beside_big()
+        beside.append(seconds)
+        refused.append(refused_after)
+    print(f"a small completion: {min(alone):.2f} s alone, {min(beside):.2f} s beside a 30 MB prompt (refused in "
+          f"{max(refused):.2f} s at most)")  # fmt: skip
+    assert min(beside) - min(alone) < 1.0, (alone, beside, refused)
+    assert max(refused) < 5, refused
 
 
 KILLED_CLIENT = """

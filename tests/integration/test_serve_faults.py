@@ -1,8 +1,8 @@
-"""One server's life through its faults (serve/): chat completions in each model's own template, a full queue
-answered with 429 at once, then SIGTERM with requests in flight: the one that fits in the grace period ends
-with its text, the one that does not with an error that says why, and no new connection is taken. Each
-completion's text is the in-process decode's. Two SmolLM2 copies with their chat template: the bundled
-model that has one."""
+"""One server's life through its faults (serve/): an API key asked of every /v1/ request (401 without it),
+chat completions in each model's own template, a full queue answered with 429 at once, then SIGTERM with
+requests in flight: the one that fits in the grace period ends with its text, the one that does not with an
+error that says why, and no new connection is taken. Each completion's text is the in-process decode's. Two
+SmolLM2 copies with their chat template: the bundled model that has one."""
 
 import dataclasses
 import os
@@ -14,6 +14,8 @@ import openai
 import pytest
 
 from adafuse import Ensemble, Request, model_config
+from tools.bad_inputs import bad_input, pattern
+from tools.paths import ROOT
 from tools.serve_process import serving
 
 pytestmark = pytest.mark.slow
@@ -24,6 +26,7 @@ NAME = "smollm2_135m+smollm2_135m"
 QUESTIONS = ["What is the capital of France?", "Name a large planet.", "What do bees make?"]
 LONG = "Repeat the word hello 500 times."  # answered at length: hello, hello, ...
 NEVER_CONFIDENT = {"tau": 1.5}  # every word branches and is scored: a slow completion
+KEY = "sk-test-8f3a"  # the server's, from $ADAFUSE_API_KEY
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +44,23 @@ def test_faults_leave_the_server_answering_and_the_other_texts_unchanged(referen
     threads = os.environ["OMP_NUM_THREADS"]
     args = ["--models", NAME, "--chat-template", "--threads", threads, "--batch-size", str(BATCH)]
     args += ["--queue-limit", str(QUEUE), "--grace", str(GRACE)]
-    with serving(*args, log=tmp_path / "server.log") as server:
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=600)
+    with serving(*args, log=tmp_path / "server.log", env={"ADAFUSE_API_KEY": KEY}) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=600)
+
+        # The key: every /v1/ route asks for it before reading a body; the probes' routes do not.
+        body = {"model": NAME, "prompt": QUESTIONS[0], "max_tokens": 2}
+        for headers in ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": KEY}):
+            refused = httpx.post(f"{server.url}/v1/completions", json=body, headers=headers, timeout=60)
+            assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer", refused.text
+            case = bad_input("serve_no_key")
+            assert str(refused.status_code) == case.error
+            assert pattern(case.message, ROOT).fullmatch(refused.json()["error"]["message"]), refused.text
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{server.url}/v1", api_key="sk-wrong", max_retries=0).models.list()
+        assert client.models.list().data[0].id == NAME
+        assert httpx.get(f"{server.url}/health", timeout=60).status_code == 200
+        assert server.metrics()['adafuse_requests_total{route="/v1/completions",status="401"}'] == 3
+        assert "without an API key" not in server.log_text()
 
         # Chat: one user message, which each model reads in its own chat template, as the engine renders a prompt.
         message = [{"role": "user", "content": QUESTIONS[0]}]

@@ -151,7 +151,7 @@ def test_custom_prompts_are_used_verbatim(tmp_path):
 def test_hub_rows_convert_like_local_files():
     assert HUB["nq_hub"]([{"question": "who", "answer": ["me"]}], prefix="nq")[0].references == ["me"]
     row = {"question": "Q?", "question_id": "tc_1", "answer": {"aliases": ["A", "B"], "value": "A"}}
-    assert HUB["trivia_hub"]([row], prefix="tqa")[0].id == "tqa-tc_1"
+    assert HUB["trivia_hub"]([row], prefix="tqa")[0].id == "tqa-0"  # its place, as the local file's ids
     row = {"id": "x1", "context": "C", "question": "Q", "answers": {"text": ["a", "b"], "answer_start": [0, 1]}}
     assert HUB["squad_hub"]([row])[0].fields == {"question": "Q", "answer": "a", "context": "C"}
     row = {"question": "Q", "answer": "2 + 2 = <<2+2=4>>4\n#### 4"}

@@ -147,3 +147,16 @@ def test_each_bleu_records_its_tokenizer_and_a_table_refuses_to_mix_tokenizers(t
     assert done.returncode != 0
     refused = "bleu was tokenized differently in these runs, so one table cannot compare them"
     assert f"{refused}: 13a: {ours}; flores101: {theirs}." in done.stderr
+
+
+def test_sources_name_each_runs_data_and_models_by_what_pins_them(tmp_path, shared_data):
+    import hashlib
+
+    write_run(tmp_path, "nq", "adafuse", pattern(10, 2))
+    done = run_script("make_table", str(tmp_path), "--sources")
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "table1_sources.md").read_text()
+    dev = hashlib.sha256((shared_data / "nq_open/NQ-open.dev.jsonl").read_bytes()).hexdigest()
+    (line,) = [line for line in text.splitlines() if line.startswith("| adafuse ")]
+    assert f"nq_open/NQ-open.dev.jsonl (sha256 {dev[:12]})" in line
+    assert "smollm2_135m (sha256 b179c9523d0e)" in line and "gemma3_270m (sha256 a5fd3b62230a)" in line

@@ -65,6 +65,36 @@ def test_a_second_writer_of_a_shard_is_refused_and_names_the_first(tmp_path):
             pass
     with second.claim(1, 4):  # free again once the first writer is done
         pass
+    assert not list(tmp_path.glob(".shard-*")), "a claim's lock file outlived it"
+
+
+def test_a_claimant_that_opened_the_lock_file_as_its_holder_removed_it_claims_the_file_under_the_name(
+    tmp_path, monkeypatch
+):
+    """The holder removes its lock file while it still holds it; a second process may have opened that file just
+    before. Once it holds it, that file has no name: it must not count as the claim, or a third process would
+    claim the file created under the name meanwhile, and two would write the shard."""
+    first, second, third = (RunDir(tmp_path, CONFIG) for _ in range(3))
+    path = tmp_path / ".shard-0-of-1.lock"
+    opened = []
+    real_open = open
+
+    def open_then_let_the_holder_finish(file, *args, **kwargs):
+        handle = real_open(file, *args, **kwargs)
+        if file == path and not opened:
+            opened.append(handle)
+            holding.__exit__(None, None, None)  # the holder ends its claim between this open and the flock
+        return handle
+
+    holding = first.claim(0, 1)
+    holding.__enter__()
+    monkeypatch.setattr("builtins.open", open_then_let_the_holder_finish)
+    with second.claim(0, 1):
+        monkeypatch.undo()
+        assert path.exists()  # claimed under the name: the file it had opened was not it
+        with pytest.raises(ShardBusyError):
+            with third.claim(0, 1):
+                pass
 
 
 def test_records_written_by_another_writer_are_seen_after_refresh(tmp_path):

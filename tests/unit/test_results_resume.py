@@ -1,6 +1,7 @@
 """A run directory admits only processes that compute as its predictions were computed (the same
-settings, torch, and each model's device, dtype and GPU), even when they start at the same time; a
-run directory that cannot be written is a named error; each process's batching report adds up."""
+settings, the same data and models, torch, and each model's device, dtype and GPU), even when they start at
+the same time; a run directory that cannot be written is a named error; each process's batching report adds
+up."""
 
 import json
 import multiprocessing
@@ -53,6 +54,60 @@ def test_a_run_without_a_recorded_runtime_resumes_and_records_this_one(tmp_path)
     legacy.append(record("nq-0"))
     RunDir(tmp_path, config()).admit()
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["runtime"] == runtime()
+
+
+def local(folder="/data", nq="a" * 64) -> dict:
+    return {"data": {"local": folder, "files": {"nq_open/NQ-open.dev.jsonl": nq}, "hub": []}, "models": MODELS}
+
+
+def hub(commit="c" * 40) -> dict:
+    split = {"dataset": "google-research-datasets/nq_open", "config": None, "split": "validation"}
+    return {
+        "data": {"local": None, "files": {}, "hub": [{**split, "revision": "main", "commit": commit}]},
+        "models": MODELS,
+    }
+
+
+MODELS = [
+    {"name": "llama31_8b_instruct", "hub": "meta-llama/Llama-3.1-8B-Instruct", "revision": "main", "commit": "d" * 40}
+]
+
+
+@pytest.mark.parametrize(
+    "then, now, differs",
+    [
+        (local(), hub(), "data from local files then, from the hub now"),
+        (hub(), local(), "data from the hub then, from local files now"),
+        (
+            local(),
+            local(nq="b" * 64),
+            "data file nq_open/NQ-open.dev.jsonl: sha256 aaaaaaaaaaaa then, bbbbbbbbbbbb now",
+        ),
+        (
+            hub(),
+            hub(commit="e" * 40),
+            "google-research-datasets/nq_open split validation at commit cccccccccccc then, eeeeeeeeeeee now",
+        ),
+        (
+            hub(),
+            {**hub(), "models": [{**MODELS[0], "commit": "f" * 40}]},
+            "model llama31_8b_instruct commit dddddddddddd then, ffffffffffff now",
+        ),
+    ],
+)
+def test_a_resume_from_other_data_or_models_is_refused_and_says_what_differs(tmp_path, then, now, differs):
+    """data.dir cannot change a prediction's settings, but what it resolves to can change its prompt: a run read
+    from local files and one read from the hub (other exemplar pools; SQuAD's 206 more questions) share ids, and
+    a hub branch moves. Their predictions never meet in one run."""
+    RunDir(tmp_path, {**config(), "source": then}).admit().append(record("nq-0"))
+    with pytest.raises(ResumeMismatchError, match=re.escape(differs)) as refused:
+        RunDir(tmp_path, {**config(shard=1), "source": now}).check()
+    assert "write this one to another directory" in str(refused.value)
+
+
+def test_the_same_files_in_another_folder_are_the_same_data(tmp_path):
+    RunDir(tmp_path, {**config(), "source": local("/data")}).admit().append(record("nq-0"))
+    RunDir(tmp_path, {**config(shard=1), "source": local("/scratch/me/data")}).admit()
 
 
 def test_changed_settings_are_a_resume_mismatch_too(tmp_path):

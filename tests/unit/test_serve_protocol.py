@@ -1,13 +1,20 @@
-"""The server's request checks (serve/protocol.py) on literal bodies, no model: how a request's knobs meet the
-server's, what a knob's type must be, the words a text is streamed and scored in, and usage's sums.
+"""The server's request checks (serve/protocol.py) on literal bodies, no model: malformed bodies of every shape, how
+a request's knobs meet the server's, what a knob's type must be, the words a text is streamed and scored in, and
+usage's sums; and the command's warning when it listens beyond the loopback without a key.
 tests/integration/test_serve.py sends the refusals to a real server."""
 
+import json
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 
 from adafuse import AdaFuseConfig
-from serve.protocol import ApiError, Defaults, parse_chat, parse_completion, usage, word_logprobs, words
+from serve.app import loopback
+from serve.protocol import ApiError, Defaults, parse_body, parse_chat, parse_completion, usage, word_logprobs, words
+from tools.paths import ROOT
 
 SERVER = Defaults(
     model="tiny",
@@ -76,3 +83,59 @@ def test_usage_sums_each_model_s_own_tokens():
         {"name": "gemma3_270m", "prompt_tokens": 24, "completion_tokens": 8},
     ]
     assert (counts["prompt_tokens"], counts["completion_tokens"], counts["total_tokens"]) == (46, 14, 60)
+
+
+@pytest.mark.parametrize(
+    "body, phrase",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deep"),  # the parser's recursion ends before the body does
+        (b'{"prompt": "Hi", "max_tokens": ' + b"9" * 5000 + b"}", "not valid JSON: Exceeds the limit"),
+        (b'{"prompt": "caf\xe9"}', "not valid JSON"),  # Latin-1, not UTF-8
+        (b'{"prompt": "Hi",}', "not valid JSON"),
+        (b"", "not valid JSON"),
+    ],
+)
+def test_a_malformed_body_of_any_shape_is_a_400_that_says_why(body, phrase):
+    with pytest.raises(ApiError) as refused:
+        parse_body(body)
+    assert refused.value.status == 400 and phrase in refused.value.message
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"prompt": "Hi \ud800 there"}, "prompt"),  # half a surrogate pair: JSON spells it, no model reads it
+        ({"prompt": ["fine", "\udfff"]}, "prompt"),
+        ({"prompt": "Hi", "stop": ["\ud83d"]}, "stop"),
+    ],
+)
+def test_text_that_is_not_unicode_is_refused_naming_its_field(body, field):
+    parsed = parse_body(json.dumps(body).encode())  # as JSON spells them: \\ud800
+    with pytest.raises(ApiError, match="is not Unicode text: surrogates not allowed") as refused:
+        parse_completion(parsed, SERVER)
+    assert (refused.value.status, refused.value.param) == (400, field)
+
+
+def test_the_loopback_is_told_from_every_other_address():
+    assert all(map(loopback, ["127.0.0.1", "127.0.0.53", "::1", "localhost"]))
+    assert not any(map(loopback, ["0.0.0.0", "::", "10.1.2.3", "node17.cluster"]))
+
+
+@pytest.mark.parametrize(
+    "args, env, warned",
+    [
+        (["--host", "0.0.0.0"], {}, True),
+        (["--host", "0.0.0.0", "--api-key", "k"], {}, False),
+        (["--host", "0.0.0.0"], {"ADAFUSE_API_KEY": "k"}, False),
+        (["--host", "127.0.0.1"], {}, False),
+    ],
+)
+def test_the_server_warns_at_start_when_it_listens_beyond_the_loopback_without_a_key(args, env, warned):
+    """Before it loads anything: here it then stops at the pair it cannot find."""
+    clean = {k: v for k, v in os.environ.items() if k != "ADAFUSE_API_KEY"} | env
+    done = subprocess.run(
+        [sys.executable, "-m", "serve", *args, "--pair", "no_such_pair"],
+        cwd=ROOT, capture_output=True, text=True, env=clean, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "unknown model pair 'no_such_pair'" in done.stderr, done.stderr
+    assert ("without an API key" in done.stderr) == warned, done.stderr
