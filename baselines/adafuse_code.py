@@ -84,12 +84,12 @@ from dataclasses import dataclass, field
 import torch
 
 from adafuse.errors import ConfigError
-from adafuse.member.cache import common_prefix
 from adafuse.member.context import Rows
 from adafuse.member.member import Member
 from adafuse.member.passes import together
 from adafuse.methods import Method
 from adafuse.methods.session import Session
+from adafuse.text.align import common_prefix
 from baselines.authors_rules import appended_text, loop_pred
 
 
@@ -292,7 +292,7 @@ class Greedy:
         return child
 
 
-def continue_from(m: Member, rows: list[Greedy], ids: list[int], shared: str, text: str) -> Greedy | None:
+def continue_from(m: Member, rows: list[Greedy], ids: list[int], generated: str, text: str) -> Greedy | None:
     """If `ids`, the re-encoded prompt + G, continue a row of this round (its context, then its first n
     tokens, with the distribution after them), make them the member's context without reading anything
     and return the row's continuation, the start of the next round's greedy row; else None."""
@@ -304,7 +304,7 @@ def continue_from(m: Member, rows: list[Greedy], ids: list[int], shared: str, te
             if tokens[:n] == ids[len(g.context) :] and n in g.after[i] and g.base <= n <= g.read:
                 after = g.continuation(i, n)
                 g.cut(i, n)
-                m.commit(g.rows, i, shared, text)
+                m.commit(g.rows, i, generated, text)
                 m.check_invariant()
                 return after
     return None
@@ -557,13 +557,13 @@ def decode(s: Session, cfg: AdaFuseCodeConfig):
     s.set_output_ids([i[common_prefix(i, p) :] for i, p in zip(outputs, prompt_ids)])
 
 
-def _read_prefix(m: Member, ids: list[int], shared: str, text: str):
+def _read_prefix(m: Member, ids: list[int], generated: str, text: str):
     """Make `ids`, the re-encoded prompt + G, m's context (a program): only the ids after the longest prefix
     they share with it are read (one fork row, which a batched run merges with other examples' passes)."""
     keep = min(common_prefix(m.ids, ids), len(ids) - 1)
     rows = m.fork(1, upto=keep)
     yield from rows.extend([ids[keep:]])
-    m.commit(rows, 0, shared, text)
+    m.commit(rows, 0, generated, text)
     m.check_invariant()
 
 

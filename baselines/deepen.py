@@ -212,13 +212,13 @@ def main_index(main, members) -> int:
     return main
 
 
-def _advance_main(main, token: int, shared: str):
+def _advance_main(main, token: int, generated: str):
     """Read `token` into the main member and return the text it adds after the shared text (a program); a
     token that ends inside a multi-byte character is completed first with the member's own argmax tokens
     (module docstring)."""
     text = main.text_of([token])
     if not ends_inside_char(text):
-        yield from main.append_ids([token], shared, text)
+        yield from main.append_ids([token], generated, text)
         return text
     rows = main.fork(1)
     ids = [token]
@@ -230,7 +230,7 @@ def _advance_main(main, token: int, shared: str):
         yield from rows.extend([[nxt]])
         ids.append(nxt)
         text = main.text_of(ids)
-    main.commit(rows, 0, shared, text)
+    main.commit(rows, 0, generated, text)
     return text
 
 

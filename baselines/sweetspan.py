@@ -167,7 +167,7 @@ def decode(s: Session, cfg: SweetSpanConfig):
         commit(s, pool[winner])
 
 
-def propose_span(m, cfg: SweetSpanConfig, shared: str, stop: tuple[str, ...]):
+def propose_span(m, cfg: SweetSpanConfig, generated: str, stop: tuple[str, ...]):
     """Member m's span, a Proposal (a program): up to `span_words` greedy words after the shared text `shared`
     (spec §2's word rule).
 
@@ -180,11 +180,13 @@ def propose_span(m, cfg: SweetSpanConfig, shared: str, stop: tuple[str, ...]):
     while len(words) < cfg.span_words:
         first = m.tokenisation.tokens.choose(logprobs)
         context = m.ids + [i for w in words for i in w.ids]
-        stops = first not in m.tokenisation.eos_ids and cut_at_stop(shared, text + m.text_of([first], context), stop)[1]
+        stops = (
+            first not in m.tokenisation.eos_ids and cut_at_stop(generated, text + m.text_of([first], context), stop)[1]
+        )
         (word,) = yield from complete_words(m, rows, [first], logprobs, words, 1 if stops else cfg.max_word_tokens)
         words.append(word)
         text += word.text
-        if word.eos or word.cut or stops or cut_at_stop(shared, text, stop)[1]:
+        if word.eos or word.cut or stops or cut_at_stop(generated, text, stop)[1]:
             break
         logprobs = word.next_logprobs
     return Proposal(words, rows, 0)

@@ -10,7 +10,7 @@ from adafuse.methods.adafuse import decode as adafuse_decode
 from adafuse.methods.adafuse import positions_needed
 from adafuse.methods.session import Session
 from oracles import reference
-from tools.testing import decode
+from oracles.fast import decode
 
 
 def assert_scores_match(fast_scores, slow_scores) -> None:

@@ -6,8 +6,8 @@ import torch
 
 from baselines.deepen import DeepenConfig
 from baselines.deepen_transfer import prepare
+from oracles.fast import decode
 from oracles.token_reference import PARTIAL, RefMember, stopped
-from tools.testing import decode
 
 
 def dense_rows(t, ids: torch.Tensor) -> torch.Tensor:

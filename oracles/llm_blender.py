@@ -9,7 +9,7 @@ import torch
 from baselines.llm_blender import LLMBlenderConfig
 from oracles import reference
 from oracles.agreement import assert_scores_match
-from tools.testing import decode
+from oracles.fast import decode
 
 
 def slow_greedy(m: reference.RefModel, prompt_ids: list[int], stop, budget) -> str:

@@ -10,7 +10,7 @@ import pytest
 from baselines.sweetspan import SweetSpanConfig
 from oracles import reference
 from oracles.agreement import assert_scores_match
-from tools.testing import decode
+from oracles.fast import decode
 
 
 def slow_sweetspan(members, prompt: str, cfg: SweetSpanConfig, stop, budget):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.paths import SHARED_DATA
+from tests.support.paths import SHARED_DATA
 
 # One worker per core, at most 4 (each holds the bundled pair, ~3 GB), and the cores shared among them: a
 # worker's torch, and the run.py processes it starts, take their share (OMP_NUM_THREADS), not every core each.
@@ -87,8 +87,8 @@ def gemma(tiny):
 @pytest.fixture(scope="session")
 def narrow(tiny):
     """The embedded pair with Gemma-3's sliding window narrowed to WINDOW tokens (real weights, shared with
-    `tiny`): prompts of a few dozen tokens cross the window (tools/testing.py `narrow_window`)."""
-    from tools.testing import WINDOW, narrow_window
+    `tiny`): prompts of a few dozen tokens cross the window (tests/support/members.py `narrow_window`)."""
+    from tests.support.members import WINDOW, narrow_window
 
     return [tiny.members[0].clone(), narrow_window(tiny.members[1], WINDOW)]
 
@@ -99,9 +99,9 @@ GEMMA_LAYERS = ["sliding_attention", "sliding_attention", "full_attention"]
 @pytest.fixture(scope="session")
 def tiny_shaped(tiny):
     """The embedded pair in shape: SmolLM2's and Gemma-3's real tokenizers, tiny random weights
-    (tools/testing.py `in_shape`); Gemma's sliding window WINDOW tokens, on sliding layers before
+    (tests/support/members.py `in_shape`); Gemma's sliding window WINDOW tokens, on sliding layers before
     a full one as in the real model (five, then one). A pass costs milliseconds, not a second."""
-    from tools.testing import WINDOW, in_shape
+    from tests.support.members import WINDOW, in_shape
 
     smol, gemma = tiny.members
     return [
@@ -121,9 +121,9 @@ def tiny_shaped(tiny):
 @pytest.fixture(scope="session")
 def paper_pair_dir() -> Path:
     """The paper's pair in shape (real tokenizers, tiny random weights), built once and cached:
-    tools/paper_pair.py. It needs llama-models and mistral-common (the `test` extra): without them the
+    tests/support/paper_pair.py. It needs llama-models and mistral-common (the `test` extra): without them the
     tests that use it fail, saying so, rather than pass by skipping."""
-    from tools.paper_pair import paper_pair_dir as build
+    from tests.support.paper_pair import paper_pair_dir as build
 
     try:
         return build()
@@ -138,6 +138,6 @@ def paper_pair(paper_pair_dir):
     Loaded apart from the runner's member cache, so that the runs other tests start keep the tiny pair."""
     from adafuse import Ensemble
     from adafuse.config import ModelConfig
-    from tools.paper_pair import NAMES
+    from tests.support.paper_pair import NAMES
 
     return Ensemble.from_config([ModelConfig(name=n, path=str(paper_pair_dir / n), dtype="float32") for n in NAMES])

@@ -17,7 +17,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.paths import ROOT
+ROOT = Path(__file__).resolve().parents[1]
 
 FAST = "run.py", "eval.report"  # the tools whose cases tests/config/test_bad_inputs.py runs itself
 
@@ -708,10 +708,10 @@ def truncated_gguf(folder: Path) -> None:
 def truncated_safetensors(folder: Path) -> None:
     """SmolLM2's converted folder (config and tokenizer) with a model.safetensors cut short."""
     import torch
-    from adafuse.loading.pretrained import converted_gguf_dir, default_cache_dir
     from safetensors.torch import save_file
 
     from adafuse.ensemble import model_config
+    from adafuse.loading.pretrained import converted_gguf_dir, default_cache_dir
 
     converted = converted_gguf_dir(model_config("smollm2_135m"), default_cache_dir())
     model = folder / "model"

@@ -40,9 +40,9 @@ from adafuse.config import ModelConfig
 from adafuse.engine.executor import Executor
 from adafuse.engine.loop import decode_many, drive
 from adafuse.methods import METHODS
+from eval.tasks import BESIDE_CHECKOUT as SHARED_DATA
 from tools import make_paper_pair
 from tools.bench_decode import compare_exact_batching, task_requests
-from tools.paths import SHARED_DATA
 
 ROOT = Path(__file__).resolve().parent.parent
 

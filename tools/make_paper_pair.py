@@ -284,7 +284,7 @@ def mistral03_tokenizer(out: Path) -> None:
     model_file = source("mistral_v3_spm")
     for name in ("tokenizer.model", "tokenizer.model.v3"):  # the hub ships the SentencePiece model under both
         shutil.copyfile(model_file, out / name)
-    # The hub's tokenizer_config.json, less its chat template (legacy: see tools/paper_pair.py).
+    # The hub's tokenizer_config.json, less its chat template (legacy: see tests/support/paper_pair.py).
     config = {
         "add_bos_token": True,
         "add_eos_token": False,

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tools.paths import ROOT
+ROOT = Path(__file__).resolve().parents[1]
 
 READY = re.compile(r"Uvicorn running on (http://127\.0\.0\.1:\d+)")
 METRIC = re.compile(r"^(\w+)(\{[^}]*\})? (\S+)$")

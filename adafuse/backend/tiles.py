@@ -46,9 +46,9 @@ class KernelProbes:
         self.fewer_threads = Verdicts("fewer_threads", store)  # (kernel key, rows, MKL threads) -> all threads' bits?
         self.batched_blocks = Verdicts("batched_blocks", store)  # (block kernel key, rows, MKL threads) -> blockwise?
         self.cores = cores
-        # (id(weight), rows, torch threads, MKL threads of the share) -> (weakref to the weight, its `RowPlan`):
-        # a pass asks a plan of every layer, and looking the verdicts up again costs more than a small multiply
-        self.plans: dict[tuple, tuple] = {}
+        # (id(weight), rows, torch threads, MKL threads of the share) -> (weakref to the weight, its layout):
+        # a pass asks every layer's, and looking the verdicts up again costs more than a small multiply
+        self.layouts: dict[tuple, tuple] = {}
 
 
 _PROBES: dict[str, KernelProbes] = {}
@@ -75,7 +75,7 @@ class TiledLinear(torch.nn.Linear):
         if not context.tiles:
             return only_live(x, self.out_features, lambda flat: F.linear(flat, self.weight, self.bias), self.head)
         probes = probes_for(self.weight.device.type)
-        return only_live(x, self.out_features, lambda flat: planned_rows(probes, self, flat, context.share), self.head)
+        return only_live(x, self.out_features, lambda flat: tiled_rows(probes, self, flat, context.share), self.head)
 
 
 class TiledHead(TiledLinear):
@@ -92,19 +92,19 @@ def tile_linear_layers(model) -> None:
             module.__class__ = TiledHead if module is head else TiledLinear
 
 
-def planned_rows(probes: KernelProbes, module: torch.nn.Linear, flat: torch.Tensor, share) -> torch.Tensor:
-    """`module`'s multiply of `flat` (rows, in) in row tiles, its plan for this row count (tile, one call or
-    tile by tile, MKL threads) kept in `probes.plans`. The plan holds the verdicts `multiply_in_tiles` reads."""
+def tiled_rows(probes: KernelProbes, module: torch.nn.Linear, flat: torch.Tensor, share) -> torch.Tensor:
+    """`module`'s multiply of `flat` (rows, in) in row tiles, laid out for this row count (tile, padded rows, one
+    call or tile by tile, MKL threads) as `probes.layouts` keeps it: the verdicts `multiply_in_tiles` reads."""
     weight, bias = module.weight, module.bias
     share_threads = probes.cores.blas_threads(share) if probes.cores is not None else None
     key = (id(weight), flat.shape[0], torch.get_num_threads(), share_threads)
-    kept = probes.plans.get(key)
+    kept = probes.layouts.get(key)
     if kept is None or kept[0]() is not weight:
         tile = tile_rows(probes, weight, bias)
         padded = -(-flat.shape[0] // tile) * tile
         whole = one_call_is_tiled(probes, weight, bias, padded)
         threads = linear_threads(probes, weight, bias, padded if whole else tile, share)
-        kept = probes.plans[key] = (weakref.ref(weight), (tile, padded, whole, threads))
+        kept = probes.layouts[key] = (weakref.ref(weight), (tile, padded, whole, threads))
     tile, padded, whole, threads = kept[1]
     rows = flat.shape[0]
     x = torch.cat([flat, flat.new_zeros(padded - rows, flat.shape[1])]) if padded > rows else flat

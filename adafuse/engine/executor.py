@@ -111,7 +111,7 @@ class Executor:
         """The backend's pass for a plan (its kind decides what each request reads)."""
         first = requests[plan.places[0]]
         if plan.kind == planner.PREFIX:
-            ids = first.ids[: first.shared]
+            ids = first.ids[: first.prefix_length]
             return Pass(PREFIX, first.runner.prepared, (Read(DynamicCache(), _tensor(ids, first.runner.device)),))
         return Pass(BACKEND_KIND[plan.kind], first.runner.prepared, tuple(_read(requests[p]) for p in plan.places))
 
@@ -124,7 +124,7 @@ class Executor:
         counts.seconds += ran.seconds
         if plan.kind == planner.PREFIX:
             (read,) = done.reads
-            runner.prompts.add(first.ids[: first.shared], context_cache(read.cache, runner.ledger, frozen=True))
+            runner.prompts.add(first.ids[: first.prefix_length], context_cache(read.cache, runner.ledger, frozen=True))
             counts.prefix_passes += 1
             counts.rows += 1
             return
@@ -135,7 +135,7 @@ class Executor:
             request = requests[place]
             if isinstance(request, ReadPrompt):
                 counts.merged_prompts += merged
-                cache = read.cache if request.shared else context_cache(read.cache, runner.ledger)
+                cache = read.cache if request.prefix_length else context_cache(read.cache, runner.ledger)
                 results[place] = (cache, result)
             else:
                 results[place] = result
@@ -163,11 +163,11 @@ def _read(request: Forward | ReadPrompt) -> Read:
     pass writes into a buffer of the prompt's own) or the whole prompt from nothing, for its last logits."""
     if isinstance(request, ReadPrompt):
         runner = request.runner
-        if request.shared:
-            cache = view_cache(runner.prompts.get(request.ids[: request.shared]))
+        if request.prefix_length:
+            cache = view_cache(runner.prompts.get(request.ids[: request.prefix_length]))
         else:
             cache = DynamicCache()
-        return Read(cache, _tensor(request.ids[request.shared :], runner.device), last_only=True)
+        return Read(cache, _tensor(request.ids[request.prefix_length :], runner.device), last_only=True)
     return Read(request.cache, request.input_ids, request.lengths, request.last_only, request.logprobs, request.masked)
 
 

@@ -66,7 +66,7 @@ def shape_of(place: int, request: Forward | ReadPrompt) -> RequestShape:
         "vocab_size": runner.vocab_size,
     }
     if isinstance(request, ReadPrompt):
-        prefix = tuple(request.ids[: request.shared])
+        prefix = tuple(request.ids[: request.prefix_length])
         stored = not prefix or runner.prompts.get(list(prefix)) is not None
         return RequestShape(
             **common,

@@ -255,21 +255,6 @@ def _cache(layers: list) -> DynamicCache:
     return cache
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two id lists (list slices compare in C; bisect on a miss)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 class PromptStore:
     """The KV of the shared prompt prefixes (a task's instruction and exemplars) that a model's examples read, one
     store per model (adafuse/member/runner.py): a prefix is read once, not once per example or slot. Four, the

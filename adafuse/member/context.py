@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from adafuse.member.cache import commit_row, common_prefix, continue_row, fork_cache, select_rows, view_cache
+from adafuse.member.cache import commit_row, continue_row, fork_cache, select_rows, view_cache
+from adafuse.text.align import Alignment, common_prefix
 
 
 @dataclass
@@ -112,6 +113,16 @@ class Rows:
     def cache_of_row(self, row: int) -> DynamicCache:
         """The context that row `row` makes (its real tokens after the prefix; adafuse/member/cache.py `commit_row`)."""
         return commit_row(self.cache, row, len(self.prefix) + len(self.tokens[row]))
+
+
+@dataclass
+class Reading:
+    """An alignment read in a batch (`Member.read`): the log-probability of each scored id, and where its KV lives."""
+
+    alignment: Alignment
+    logprobs: list[float]  # log p of alignment.ids[skip:], each in context
+    after: torch.Tensor  # the next-token distribution after the last id
+    home: tuple[Rows, int]  # the fork row that holds its KV: `Member.commit(*home, ...)` adopts it
 
 
 class Steps:

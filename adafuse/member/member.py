@@ -9,14 +9,14 @@ the tokenisation through `member.tokenisation`. The operations that read tokens 
 the engine runs the passes.
 
 - `start(prompt, prefix=...)`: set the context to a prompt; its declared shared prefix (the few-shot
-  exemplars that all examples of a task share) is read once per model and kept (`shared_length`).
-- `append_ids(ids, shared, text)`: read ids the model chose itself; the generated text `shared` grows by `text`.
+  exemplars that all examples of a task share) is read once per model and kept (`prefix_length`).
+- `append_ids(ids, generated, text)`: read ids the model chose itself; the generated text grows by `text`.
 - `fork(n)`: n rows that continue the committed context as one batch (branches, candidates to score).
-- `commit(rows, i, shared, text)`: make row i of a fork the committed context, without reading its tokens again.
-- `align(shared, text)`, `read(alignments)`, `append_text(shared, text)`: text that another model chose,
+- `commit(rows, i, generated, text)`: make row i of a fork the committed context, without reading its tokens again.
+- `align(generated, text)`, `read(alignments)`, `append_text(generated, text)`: text that another model chose,
   encoded in this model's context with the bounded cut-back of spec §4 (adafuse/text/align.py).
 
-`shared` is always the generated text G before the operation: the session keeps G (adafuse/methods/session.py).
+`generated` is always the generated text G before the operation: the session keeps G (adafuse/methods/session.py).
 """
 
 from dataclasses import replace
@@ -24,11 +24,10 @@ from dataclasses import replace
 import torch
 from transformers import DynamicCache
 
-from adafuse.member.cache import common_prefix
-from adafuse.member.context import Context, Rows
+from adafuse.member.context import Context, Reading, Rows
 from adafuse.member.passes import Forward, ReadPrompt
 from adafuse.member.runner import Runner
-from adafuse.text.align import Alignment, Reading, align, last_word_start
+from adafuse.text.align import Alignment, align, common_prefix, last_word_start
 from adafuse.text.tokenisation import Tokenisation
 
 
@@ -105,16 +104,16 @@ class Member:
     def start(self, prompt: str, reserve: int = 0, mask_control: bool = True, prefix: str = ""):
         """Make `prompt` the context (a program: yields the prompt's read). `prefix`, a start of the prompt that
         other prompts share (a task's instruction and exemplars: `Request.prefix`), is read once and kept for
-        them (`shared_length`).
+        them (`prefix_length`).
 
         `reserve` is how many more positions decoding may need (see `prompt_ids`). `mask_control=False`
         keeps control tokens in the distribution (`single`, which must equal `generate()`).
         """
         ids = self.prompt_ids(prompt, reserve)
-        shared = self.shared_length(prompt, prefix, ids)
+        prefix_length = self.prefix_length(prompt, prefix, ids)
         self.forward_passes += 1
-        self.tokens_fed += len(ids) - shared
-        cache, logits = yield ReadPrompt(self.runner, ids, shared)
+        self.tokens_fed += len(ids) - prefix_length
+        cache, logits = yield ReadPrompt(self.runner, ids, prefix_length)
         rendered = self.tokenisation.render(prompt)
         last = logits[0, -1]
         context = Context(ids, cache, None, rendered, len(ids), 0, mask_control, last)
@@ -131,7 +130,7 @@ class Member:
         self.context = replace(snapshot, logprobs=self.log_softmax(snapshot.prompt_logits, mask_control))
         self.context.mask_control = mask_control
 
-    def shared_length(self, prompt: str, prefix: str, ids: list[int]) -> int:
+    def prefix_length(self, prompt: str, prefix: str, ids: list[int]) -> int:
         """How many of the prompt's `ids` belong to its shared `prefix`: the ids they start with of the prompt
         as this model reads it (`render`) cut where `prefix` ends, so a token that spans the cut stays with
         the rest. At least one id is left after them (its logits are the prompt's); 0 without a prefix.
@@ -155,10 +154,10 @@ class Member:
         logits = yield from self.forward(cache, torch.tensor([ids], device=self.device), last_only=True)
         self.context = replace(self.context, ids=self.ids + list(ids), logprobs=self.log_softmax(logits[0, -1]))
 
-    def append_ids(self, ids: list[int], shared: str, text: str):
-        """Read ids this model chose itself (a program); the generated text `shared` grows by `text`."""
+    def append_ids(self, ids: list[int], generated: str, text: str):
+        """Read ids this model chose itself (a program); the generated text `generated` grows by `text`."""
         yield from self.feed(ids)
-        self.context.anchor = self._last_word_start(shared + text)
+        self.context.anchor = self._last_word_start(generated + text)
 
     def _last_word_start(self, generated: str) -> int:
         """Where the last word of the context's text starts, once its generated text is `generated`."""
@@ -167,9 +166,10 @@ class Member:
 
     # ---- text that another model chose (spec §4) --------------------------------------------------
 
-    def align(self, shared: str, text: str) -> Alignment:
-        """How this model reads `text` after its context, whose generated text is `shared` (adafuse/text/align.py)."""
-        return align(self.tokenisation, self.context, shared, text)
+    def align(self, generated: str, text: str) -> Alignment:
+        """How this model reads `text` after its context, whose generated text is `generated`
+        (adafuse/text/align.py)."""
+        return align(self.tokenisation, self.context, generated, text)
 
     def read(self, alignments: list[Alignment]):
         """Read every alignment in one batched forward pass (a program; none if all are empty and need no
@@ -192,10 +192,10 @@ class Member:
             readings.append(Reading(a, scored, predicting(i, a.base + len(a.ids)), (rows, i)))
         return readings
 
-    def append_text(self, shared: str, text: str):
+    def append_text(self, generated: str, text: str):
         """Advance by `text`, which another model chose (a program): align, read and commit it."""
-        (reading,) = yield from self.read([self.align(shared, text)])
-        self.commit(*reading.home, shared, text)
+        (reading,) = yield from self.read([self.align(generated, text)])
+        self.commit(*reading.home, generated, text)
         return reading
 
     # ---- forks ----------------------------------------------------------------------------------
@@ -206,14 +206,14 @@ class Member:
         last = self.logprobs if upto == len(self.ids) else None
         return Rows(self, self.ids[:upto], self.context.forked_cache(n, upto), n, last)
 
-    def commit(self, rows: Rows, row: int, shared: str, text: str) -> None:
-        """The context becomes row `row` of a fork, whose tokens have been read; the generated text `shared`
+    def commit(self, rows: Rows, row: int, generated: str, text: str) -> None:
+        """The context becomes row `row` of a fork, whose tokens have been read; the generated text `generated`
         grows by `text`."""
         if rows.last[row] is None:
             raise AssertionError(f"model {self.name!r}: row {row} has not been read")
         ids = rows.prefix + rows.tokens[row]
         self.context = self.context.committed(ids, rows.cache_of_row(row), rows.last[row], self.context.anchor)
-        self.context.anchor = self._last_word_start(shared + text)
+        self.context.anchor = self._last_word_start(generated + text)
 
     def check_invariant(self) -> None:
         self.context.check_invariant(self.name)

@@ -43,13 +43,13 @@ class Forward:
 
 @dataclass(eq=False)
 class ReadPrompt:
-    """Read a prompt's `ids` from nothing with `runner`'s weights, its first `shared` ids (its declared shared
-    prefix, adafuse/member/member.py `Member.shared_length`) from the runner's store of prefixes, read once
+    """Read a prompt's `ids` from nothing with `runner`'s weights, its first `prefix_length` ids (its declared shared
+    prefix, adafuse/member/member.py `Member.prefix_length`) from the runner's store of prefixes, read once
     for all the prompts that share them: the prompt's context cache, and its last position's logits (1, 1, vocab)."""
 
     runner: Any
     ids: list[int]
-    shared: int = 0
+    prefix_length: int = 0
 
     @property
     def rows(self) -> int:

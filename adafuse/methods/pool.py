@@ -7,7 +7,7 @@ among the members' proposals: AdaFuse (adafuse/methods/adafuse.py) and SweetSpan
   (adafuse/text/align.py), all of a member's foreign candidates in one batched pass, every member in the same
   engine step. An eos candidate adds the member's most probable eos id.
 - `commit`: every member takes the winner from the row that proposed or scored it (nothing is read again),
-  and the shared text grows by it.
+  and the generated text grows by it.
 """
 
 import math
@@ -65,20 +65,20 @@ def build_pool(proposals: list[list[Proposal]]) -> list[Candidate]:
     return list(pool.values())
 
 
-def score_pool(members: list, shared: str, pool: list[Candidate], round_idx: int = 0):
+def score_pool(members: list, generated: str, pool: list[Candidate], round_idx: int = 0):
     """Every member's Score of every candidate, appended to it with the row that holds the scored ids (a
-    program: every member's pass in the same step). `shared` is the generated text G so far."""
-    scored = yield from together([scores_of(m, k, shared, pool, round_idx) for k, m in enumerate(members)])
+    program: every member's pass in the same step). `generated` is the generated text G so far."""
+    scored = yield from together([scores_of(m, k, generated, pool, round_idx) for k, m in enumerate(members)])
     for member_scores in scored:  # appended in member order
         for c, (score, home) in zip(pool, member_scores):
             c.scores.append(score)
             c.homes.append(home)
 
 
-def scores_of(m, k: int, shared: str, pool: list[Candidate], round_idx: int = 0):
+def scores_of(m, k: int, generated: str, pool: list[Candidate], round_idx: int = 0):
     """Member k's Score of every candidate, with the fork row that holds the scored ids (a program)."""
     foreign = [c for c in pool if k not in c.proposals]
-    readings = iter((yield from m.read([m.align(shared, c.text) for c in foreign])) if foreign else ())
+    readings = iter((yield from m.read([m.align(generated, c.text) for c in foreign])) if foreign else ())
     scored = []
     for c in pool:
         if k in c.proposals:
@@ -109,7 +109,7 @@ def choose_winner(fused: list[float]) -> int:
 
 def commit(s, best: Candidate) -> None:
     """Every member of session `s` takes the winning candidate from the row that proposed or scored it
-    (nothing is read again), and the shared text grows by it."""
+    (nothing is read again), and the generated text grows by it."""
     for k, m in enumerate(s.members):
         m.commit(*best.homes[k], s.text, best.text)
         m.check_invariant()

@@ -13,7 +13,7 @@ member's BOS id (its EOS id where it has none), as in `hf`. Log-probabilities co
 distribution (control tokens not masked): a string's probability under the model as it is.
 
 The context is read once per member (its text through its last blank line, the exemplars that few-shot
-contexts share, once for all of them: `shared_length`) and its KV cache is shared by every continuation
+contexts share, once for all of them: `exemplars_length`) and its KV cache is shared by every continuation
 scored after it. Scoring is a program like a decode (adafuse/member/passes.py): the engine steps it beside the
 examples in flight, so a server scoring a long text never stalls the completions decoding meanwhile.
 """
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 import torch
 
 from adafuse.errors import ContextLengthError
-from adafuse.member.cache import common_prefix
 from adafuse.member.context import Context
 from adafuse.member.member import Member
 from adafuse.member.passes import ReadPrompt, together
 from adafuse.methods.session import through_last_blank_line
+from adafuse.text.align import common_prefix
 
 # Continuation positions read per forward pass: the log-softmax of a pass is (rows, positions, vocabulary)
 # floats, 1 GiB for 4 rows of 256 positions over Gemma's 262k vocabulary.
@@ -51,7 +51,7 @@ def _encode(member: Member, text: str) -> list[int]:
     return member.tokenisation.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
 
 
-def shared_length(member: Member, context: str, ids: list[int]) -> int:
+def exemplars_length(member: Member, context: str, ids: list[int]) -> int:
     """How many of a context's `ids` are those of its text through its last blank line (`through_last_blank_line`:
     the exemplars that few-shot contexts share), so that each member reads them once for every context."""
     shared = through_last_blank_line(context)
@@ -71,9 +71,9 @@ def split_ids(member: Member, context: str, continuation: str) -> tuple[list[int
     return context_ids, _encode(member, context + continuation)[len(context_ids) :]
 
 
-def score_ids(member: Member, context: list[int], continuations: Sequence[list[int]], shared: int = 0):
+def score_ids(member: Member, context: list[int], continuations: Sequence[list[int]], prefix_length: int = 0):
     """(log-probability, greedy) of each id list after `context`, whose KV all of them share (a program); the
-    context's first `shared` ids are a prefix other contexts share (`Member.shared_length`)."""
+    context's first `prefix_length` ids are a prefix other contexts share (`exemplars_length`)."""
     longest = max(len(c) for c in continuations)
     limit = member.runner.max_positions
     if limit and len(context) + max(longest - 1, 0) > limit:
@@ -81,7 +81,7 @@ def score_ids(member: Member, context: list[int], continuations: Sequence[list[i
             f"model {member.name!r}: a context of {len(context)} tokens and a continuation of {longest} "
             f"do not fit in the model's {limit} positions"
         )
-    cache, logits = yield ReadPrompt(member.runner, list(context), shared)
+    cache, logits = yield ReadPrompt(member.runner, list(context), prefix_length)
     member.context = Context(list(context), cache)
     after_context = torch.log_softmax(logits[0, -1].float(), dim=-1)
     totals = [after_context[c[0]].item() if c else 0.0 for c in continuations]
@@ -135,8 +135,8 @@ def _member_scores(member: Member, requests: Sequence[tuple[str, str]], by_conte
             context_ids, continuation_ids = split_ids(member, context, requests[i][1])
             groups.setdefault(tuple(context_ids), []).append((i, continuation_ids))
         for context_ids, group in groups.items():
-            shared = shared_length(member, context, list(context_ids))
-            scored = yield from score_ids(member, list(context_ids), [c for _, c in group], shared)
+            prefix_length = exemplars_length(member, context, list(context_ids))
+            scored = yield from score_ids(member, list(context_ids), [c for _, c in group], prefix_length)
             for (i, _), value in zip(group, scored):
                 values[i] = value
     return values

@@ -13,11 +13,8 @@ committed word. Tokens that lie wholly before the new text's first character are
 
 import re
 from dataclasses import dataclass
+from typing import Protocol
 
-import torch
-
-from adafuse.member.cache import common_prefix
-from adafuse.member.context import Context, Rows
 from adafuse.text.tokenisation import Tokenisation
 from adafuse.text.words import ends_inside_char
 
@@ -34,20 +31,33 @@ class Alignment:
     skip: int  # leading ids that lie wholly before the text's first character: context, fed but never scored
 
 
-@dataclass
-class Reading:
-    """An alignment read in a batch: the log-probability of each scored id, and where its KV lives."""
+class Committed(Protocol):
+    """What alignment reads of a model's context (adafuse/member/context.py `Context`)."""
 
-    alignment: Alignment
-    logprobs: list[float]  # log p of alignment.ids[skip:], each in context
-    after: torch.Tensor  # the next-token distribution after the last id
-    home: tuple[Rows, int]  # the fork row that holds its KV: `Member.commit(*home, ...)` adopts it
+    ids: list[int]  # the committed ids
+    prompt_text: str  # the prompt as the model reads it
+    anchor: int  # where the last committed word starts in `ids`
 
 
-def align(tok: Tokenisation, context: Context, shared: str, text: str) -> Alignment:
-    """How a model reads `text` after its `context`, whose generated text is `shared` (module docstring)."""
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two id lists (list slices compare in C; bisect on a miss)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def align(tok: Tokenisation, context: Committed, generated: str, text: str) -> Alignment:
+    """How a model reads `text` after its `context`, whose generated text is `generated` (module docstring)."""
     ids = context.ids
-    encoded = tok.encode_text(context.prompt_text + shared + text, add_special_tokens=not tok.chat_template)
+    encoded = tok.encode_text(context.prompt_text + generated + text, add_special_tokens=not tok.chat_template)
     keep = common_prefix(encoded, ids)
     anchor = context.anchor
     if keep >= anchor:

@@ -16,8 +16,8 @@ from conf.compose import compose_run
 from eval.lm_harness import AdaFuseLM
 from eval.report.__main__ import main as report
 from eval.runner import main
+from tests.support.paths import ROOT
 from tools.bad_inputs import CASES, FAST, BadInput, bad_input, pattern, prepared
-from tools.paths import ROOT
 
 QUIET = ("wandb.mode=disabled", "progress=false")
 

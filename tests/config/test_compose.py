@@ -16,7 +16,7 @@ from conf.compose import compose_run
 from conf.schema import check_known_keys, run_id
 from eval.collect import Run
 from eval.runner import settings_of
-from tools.paths import ROOT
+from tests.support.paths import ROOT
 
 PAIRS = sorted(p.stem for p in (ROOT / "conf/model_pair").glob("*.yaml"))
 METHODS = sorted(p.stem for p in (ROOT / "conf/method").glob("*.yaml"))

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from conf.compose import compose_run
 from eval.runner import settings_of
 from eval.tasks import Task
-from tools.paths import ROOT, SHARED_DATA
+from tests.support.paths import ROOT, SHARED_DATA
 
 PAPER_TASKS = ["nq", "squad", "triviaqa", "gsm8k", "flores_en_de", "flores_de_en"]
 PAPER_PROMPT_FILES = {

@@ -31,8 +31,9 @@ from adafuse.methods import METHODS
 from adafuse.methods.session import Request
 from baselines.adafuse_code import AdaFuseCodeConfig
 from eval.paper_metrics import authors_pred
-from tools.paths import ROOT
-from tools.testing import clone, decode
+from oracles.fast import decode
+from tests.support.members import clone
+from tests.support.paths import ROOT
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "authors_code"
 TOLERANCE = 1e-4

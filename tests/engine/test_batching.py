@@ -22,8 +22,8 @@ from adafuse.ensemble import resolve_method
 from adafuse.errors import BatchMemoryError
 from adafuse.member.cache import PromptStore
 from adafuse.methods import METHODS
-from tools.paper_pair import NAMES
-from tools.testing import clone, pass_alone, pass_merged
+from tests.support.members import clone, pass_alone, pass_merged
+from tests.support.paper_pair import NAMES
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,10 @@ from adafuse.engine.loop import drive
 from adafuse.errors import ContextLengthError, NumericsError
 from adafuse.member.member import Member
 from adafuse.methods.completion import Word, complete_words, cut_to_char
+from oracles.fast import decode
+from tests.support.members import clone, long_reads_stopped
+from tests.support.prompts import nq_prompt
 from tools.bad_inputs import bad_input, pattern
-from tools.testing import clone, decode, long_reads_stopped, nq_prompt
 
 pytestmark = pytest.mark.slow
 

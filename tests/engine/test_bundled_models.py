@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from adafuse import SingleConfig
+from oracles.fast import decode
 from oracles.reference import RefModel
-from tools.paths import ROOT
-from tools.testing import decode
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.slow
 

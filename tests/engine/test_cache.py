@@ -9,9 +9,11 @@ from torch.overrides import TorchFunctionMode
 from adafuse import AdaFuseConfig
 from adafuse.backend.tiles import tile_rows
 from adafuse.engine.loop import drive
-from adafuse.member.cache import PromptStore, common_prefix, view_cache
+from adafuse.member.cache import PromptStore, view_cache
+from adafuse.text.align import common_prefix
 from oracles import reference
-from tools.testing import WINDOW, clone, decode
+from oracles.fast import decode
+from tests.support.members import WINDOW, clone
 
 pytestmark = pytest.mark.slow
 

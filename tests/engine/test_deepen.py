@@ -23,8 +23,10 @@ from baselines.deepen import DeepenConfig, main_index
 from baselines.deepen_transfer import prepare
 from baselines.vocab import vocabulary_of
 from oracles.deepen import assert_deepen_agrees
+from oracles.fast import decode
 from oracles.token_reference import PARTIAL
-from tools.testing import TOKEN_METHOD_CASES, clone, decode
+from tests.support.members import clone
+from tests.support.prompts import TOKEN_METHOD_CASES
 
 pytestmark = pytest.mark.slow
 

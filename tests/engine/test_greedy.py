@@ -4,8 +4,9 @@ import pytest
 
 from adafuse import SingleConfig
 from adafuse.text.words import REPLACEMENT
+from oracles.fast import decode
 from oracles.greedy import hf_greedy
-from tools.testing import decode, nq_prompt
+from tests.support.prompts import nq_prompt
 
 pytestmark = pytest.mark.slow
 

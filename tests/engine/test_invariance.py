@@ -16,8 +16,8 @@ from adafuse.engine.loop import decode_many, drive
 from adafuse.member.cache import view_cache
 from adafuse.methods import METHODS
 from oracles.greedy import hf_greedy
-from tools.paper_pair import NAMES
-from tools.testing import pass_alone, pass_merged
+from tests.support.members import pass_alone, pass_merged
+from tests.support.paper_pair import NAMES
 
 pytestmark = pytest.mark.slow
 
@@ -160,7 +160,7 @@ ASKED = ["who wrote the odyssey", "who wrote faust", "who painted the night watc
 def test_a_prompts_numbers_never_depend_on_the_prompts_read_before_it(pair, which):
     """Prompts that share a declared prefix, and some of them more (questions that start alike), decoded at
     batch size 1 in order, in reverse order and at batch size 8: every step's log-probability is the same,
-    bit for bit. Where a prompt is split depends on the prompt alone (`Member.shared_length`), not on how
+    bit for bit. Where a prompt is split depends on the prompt alone (`Member.prefix_length`), not on how
     much of it the prompts read before it happen to share."""
     spec, cfg = METHODS["single"], SingleConfig(which)
     requests = [Request(f"{SHARED}Question: {q}\nAnswer:", max_new_tokens=6, trace=True, prefix=SHARED) for q in ASKED]
@@ -265,13 +265,13 @@ def test_the_tile_by_tile_path_gives_the_one_multiply_s_bits(smol):
     key = (kernel_key(layer.weight, layer.bias), padded)
     assert probes.one_call[key], "the one multiply of these rows disagrees with its tiles on this machine"
     probes.one_call[key] = False
-    probes.plans.clear()  # the layer's plan for 21 rows holds the verdict: planned again from the new one
+    probes.layouts.clear()  # the layer's layout for 21 rows holds the verdict: laid out again from the new one
     try:
         with MultiplyCount() as count, torch.inference_mode():
             by_tiles = layer(x)
     finally:
         probes.one_call[key] = True
-        probes.plans.clear()
+        probes.layouts.clear()
     assert count.calls == padded // tile
     assert torch.equal(by_tiles, one_call)
 

@@ -12,9 +12,11 @@ from adafuse import SingleConfig
 from adafuse.errors import ConfigError, UnknownNameError
 from baselines.llm_blender import LLMBlenderConfig
 from baselines.pairrm import load_pairrm
+from oracles.fast import decode
 from oracles.llm_blender import assert_llm_blender_agrees
-from tools.pairrm_checkpoint import write_checkpoint
-from tools.testing import clone, decode, nq_few_shot_case
+from tests.support.members import clone
+from tests.support.pairrm_checkpoint import write_checkpoint
+from tests.support.prompts import nq_few_shot_case
 
 pytestmark = pytest.mark.slow
 

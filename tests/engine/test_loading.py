@@ -6,12 +6,12 @@ import time
 
 import psutil
 import pytest
-from adafuse.loading.pretrained import converted_gguf_dir, gguf_parts, model_location
 from filelock import FileLock
 
 from adafuse.config import ModelConfig, default_cache_dir
 from adafuse.ensemble import model_config
 from adafuse.errors import ConfigError, ModelFileError, UnknownNameError
+from adafuse.loading.pretrained import converted_gguf_dir, gguf_parts, model_location
 
 
 def test_missing_gguf_file_names_the_path(tmp_path):

@@ -1,4 +1,4 @@
-"""The paper's pair in shape (tools/make_paper_pair.py, tools/paper_pair.py): the real Llama 3.1 and
+"""The paper's pair in shape (tools/make_paper_pair.py, tests/support/paper_pair.py): the real Llama 3.1 and
 Mistral v3 tokenizers with tiny random weights. These tests pin the tokenizer facts the engine relies
 on, against published encodings and the reference tokenizers that ship with the same packages
 (llama-models' tiktoken tokenizer, mistral-common's SentencePiece tokenizer)."""
@@ -8,12 +8,12 @@ import importlib.util
 import json
 
 import pytest
-from adafuse.engine.loop import drive
 from transformers import AutoTokenizer
 
-from adafuse.member.cache import common_prefix
+from adafuse.engine.loop import drive
+from adafuse.text.align import common_prefix
+from tests.support.paper_pair import NAMES
 from tools import make_paper_pair
-from tools.paper_pair import NAMES
 
 LLAMA, MISTRAL = NAMES
 
@@ -229,7 +229,7 @@ def test_mistral_matches_sentencepiece_except_for_a_leading_space(mistral, requi
 
 
 def test_mistral_legacy_flag_changes_nothing_with_transformers_5(paper_pair_dir, mistral):
-    """The hub's tokenizer_config.json `legacy` setting (tools/paper_pair.py) decides nothing here:
+    """The hub's tokenizer_config.json `legacy` setting (tests/support/paper_pair.py) decides nothing here:
     loaded with legacy=True, the tokenizer gives the same ids, leading spaces and text after special
     tokens included."""
     legacy = AutoTokenizer.from_pretrained(paper_pair_dir / MISTRAL, legacy=True)

@@ -17,12 +17,12 @@ from baselines.sweetspan import SweetSpanConfig
 from baselines.unite import UniteConfig
 from oracles.agreement import assert_adafuse_agrees, exercised
 from oracles.deepen import assert_deepen_agrees
+from oracles.fast import decode
 from oracles.greedy import hf_greedy
 from oracles.llm_blender import assert_llm_blender_agrees
 from oracles.sweetspan import assert_sweetspan_agrees
 from oracles.unite import slow_unite
-from tools.paper_pair import NAMES
-from tools.testing import decode
+from tests.support.paper_pair import NAMES
 
 pytestmark = pytest.mark.slow
 

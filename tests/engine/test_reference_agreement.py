@@ -14,7 +14,8 @@ import torch
 from adafuse import AdaFuseConfig
 from oracles import reference
 from oracles.agreement import assert_adafuse_agrees, exercised
-from tools.testing import WINDOW, clone, decode
+from oracles.fast import decode
+from tests.support.members import WINDOW, clone
 
 pytestmark = pytest.mark.slow
 

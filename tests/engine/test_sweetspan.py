@@ -11,8 +11,10 @@ import functools
 import pytest
 
 from baselines.sweetspan import SweetSpanConfig
+from oracles.fast import decode
 from oracles.sweetspan import assert_sweetspan_agrees
-from tools.testing import clone, decode, nq_few_shot_case
+from tests.support.members import clone
+from tests.support.prompts import nq_few_shot_case
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import pytest
 
 from adafuse import AdaFuseConfig
 from oracles import reference
-from tools.testing import decode
+from oracles.fast import decode
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,10 @@ from adafuse.errors import ConfigError
 from baselines import unite
 from baselines.unite import EOS, UniteConfig, first_subtoken
 from baselines.vocab import vocabulary_of
+from oracles.fast import decode
 from oracles.unite import slow_unite
-from tools.testing import TOKEN_METHOD_CASES, clone, decode
+from tests.support.members import clone
+from tests.support.prompts import TOKEN_METHOD_CASES
 
 pytestmark = pytest.mark.slow
 

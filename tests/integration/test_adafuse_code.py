@@ -8,7 +8,7 @@ import pytest
 from conf.compose import compose_run
 from eval.paper_metrics import authors_pred
 from eval.runner import main
-from tools.paths import SHARED_DATA
+from tests.support.paths import SHARED_DATA
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ import time
 import pytest
 from transformers import StoppingCriteriaList, StopStringCriteria
 
+from tests.support.paths import ROOT
 from tools import gpu_full
 from tools.bench_decode import task_requests
-from tools.paths import ROOT
 
 RUNS = ["generate_llama_b1", "generate_mistral_b1", *gpu_full.ENGINE_RUNS]
 

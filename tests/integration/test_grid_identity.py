@@ -9,7 +9,7 @@ import pytest
 
 from conf.schema import register, saved_config
 from eval.runner import main
-from tools.paths import ROOT
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from tools.paths import ROOT
+from tests.support.paths import ROOT
 
 PROBE = """
 import sys

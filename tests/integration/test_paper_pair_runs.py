@@ -1,5 +1,5 @@
 """The paper's main command, `python run.py model_pair=llama_mistral task=nq`, end to end on the pair
-in shape (tools/paper_pair.py): both real tokenizers, the hub's configs, bfloat16 weights as its YAMLs
+in shape (tests/support/paper_pair.py): both real tokenizers, the hub's configs, bfloat16 weights as its YAMLs
 load them. The outputs are meaningless text; what is checked is that the run completes and writes
 what a run writes, and that no control token reaches a prediction."""
 
@@ -11,8 +11,8 @@ import pytest
 import eval.runner
 from conf.compose import compose_run
 from eval.runner import main
-from tools.paper_pair import overrides
-from tools.paths import SHARED_DATA
+from tests.support.paper_pair import overrides
+from tests.support.paths import SHARED_DATA
 
 CONTROL_TEXT = re.compile(r"<\|[a-z_0-9]+\|>|\[control_\d+\]|\[/?INST\]|\[TOOL_CALLS\]|</s>|<s>|<unk>")
 

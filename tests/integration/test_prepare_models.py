@@ -4,14 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from tools.run_in_process import run_script
+from tests.support.run_in_process import run_script
 
 
 @pytest.mark.slow
 def test_the_runs_models_are_converted_into_the_cache_and_named_with_their_place(smol):
     # `smol` first: the session's model is then in the cache, so this measures no conversion twice.
     # method=single: the run decodes with the pair's first member only, so only it is prepared. In this
-    # process (tools/run_in_process.py): no interpreter start-up to wait for.
+    # process (tests/support/run_in_process.py): no interpreter start-up to wait for.
     done = run_script("prepare_models", "method=single")
     assert done.returncode == 0, done.stderr[-2000:]
     name, where = done.stdout.strip().split(": ")

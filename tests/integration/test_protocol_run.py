@@ -11,7 +11,7 @@ from conf.compose import compose_run
 from eval.metrics import METRICS
 from eval.paper_metrics import authors_pred
 from eval.runner import main
-from tools.paths import SHARED_DATA
+from tests.support.paths import SHARED_DATA
 
 pytestmark = pytest.mark.slow
 

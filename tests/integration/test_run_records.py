@@ -18,7 +18,7 @@ from adafuse import model_config
 from adafuse.errors import ResultsDirError, ResumeMismatchError
 from conf.compose import compose_run
 from eval.runner import main
-from tools.paths import ROOT, SHARED_DATA
+from tests.support.paths import ROOT, SHARED_DATA
 
 pytestmark = pytest.mark.slow
 

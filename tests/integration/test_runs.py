@@ -22,8 +22,8 @@ from conf.compose import compose_run
 from eval.runner import main
 from eval.tasks import Task
 from oracles import scorers
-from tools.paths import ROOT, SHARED_DATA
-from tools.runs import decoded, read_predictions, run_task
+from tests.support.paths import ROOT, SHARED_DATA
+from tests.support.runs import decoded, read_predictions, run_task
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ import pytest
 
 from adafuse.errors import ShardBusyError
 from eval.results import RunDir
-from tools.run_in_process import run_script
-from tools.runs import decoded, read_predictions, run_task
+from tests.support.run_in_process import run_script
+from tests.support.runs import decoded, read_predictions, run_task
 
 pytestmark = pytest.mark.slow
 

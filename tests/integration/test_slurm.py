@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.paths import ROOT, SHARED_DATA
-from tools.runs import read_predictions
+from tests.support.paths import ROOT, SHARED_DATA
+from tests.support.runs import read_predictions
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -7,7 +7,7 @@ import pytest
 from adafuse.errors import ConfigError
 from conf.compose import compose_run
 from eval.runner import main
-from tools.paths import SHARED_DATA
+from tests.support.paths import SHARED_DATA
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import pytest
 
 from conf.compose import compose_run
 from eval.runner import main
-from tools.paths import SHARED_DATA
+from tests.support.paths import SHARED_DATA
 
 # Enough for several rounds and a stop string cut inside a winner (NQ's first examples), few enough for CI.
 EXAMPLES = {"adafuse": 4, "single": 4, "unite": 2, "sweetspan": 2, "llm_blender": 2}

@@ -11,7 +11,7 @@ import pytest
 
 from eval.report import ReportRun, open_run, pair_counts, query_of, write_report
 from eval.report.browser import CHROMIUM, chromium
-from tools.paths import ROOT
+from tests.support.paths import ROOT
 
 GRID = ROOT / "results" / "grid"
 NQ_ADAFUSE, NQ_GEMMA = GRID / "nq/adafuse/tiny/default", GRID / "nq/single/tiny/method.member=1"

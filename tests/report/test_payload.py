@@ -13,7 +13,7 @@ from eval.collect import find_runs
 from eval.report import ReportRun, build_payload, finite, open_run, pair_counts, render, trace_view
 from eval.report.__main__ import main as cli
 from eval.results import read_predictions
-from tools.paths import ROOT
+from tests.support.paths import ROOT
 
 GRID = ROOT / "results" / "grid"
 

@@ -5,8 +5,8 @@ of every FLORES run (about 3 minutes on 2 cores)."""
 
 import pytest
 
-from tools.paths import ROOT
-from tools.run_in_process import run_script
+from tests.support.paths import ROOT
+from tests.support.run_in_process import run_script
 
 pytestmark = pytest.mark.slow
 

@@ -7,11 +7,11 @@ import torch
 
 from adafuse.config import AdaFuseConfig, ModelConfig, SingleConfig
 from adafuse.errors import ConfigError, UnknownNameError
-from adafuse.member.cache import common_prefix
 from adafuse.methods.adafuse import margin
 from adafuse.methods.pool import choose_winner
 from adafuse.methods.stopping import cut_at_stop, settled_cut, stop_strings
 from adafuse.registry import Registry
+from adafuse.text.align import common_prefix
 
 
 def test_margin_is_top1_minus_top2_probability():

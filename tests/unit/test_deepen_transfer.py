@@ -15,7 +15,7 @@ from adafuse.errors import ConfigError
 from adafuse.text.tokens import vocabulary_bytes
 from baselines.deepen import DeepenConfig
 from baselines.deepen_transfer import build_transfer, dense_transfer_rows, prepare, write_atomic
-from tools.testing import FakeTokenizer
+from tests.support.members import FakeTokenizer
 
 PIECES_A = ["<eos>", "Ġthe", "Ġcat", "Ġsat", "Ġon", "Ġmat", "Ċ", "a", "b", "c", "Ġdog", "Ġran", "x", "y"]
 PIECES_B = ["<eos>", "▁the", "▁cat", "▁sat", "▁on", "▁mat", "<0x0A>", "a", "b", "c", "▁bird", "z", "w"]

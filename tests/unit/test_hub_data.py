@@ -1,4 +1,4 @@
-"""The hub path of every benchmark, without the hub: its repositories in their hub shape (tools/hub_shapes.py,
+"""The hub path of every benchmark, without the hub: its repositories in their hub shape (tests/support/hub_shapes.py,
 built from ../shared/data), read by `datasets` as it reads the hub's. What the hub is asked (which commit a
 revision names) is answered by a stand-in for `HfApi.repo_info`, the one call to the hub's API a read makes."""
 
@@ -20,8 +20,8 @@ from conf.schema import DataConf
 from eval.data import Sources, read_hub
 from eval.hub import hub_commit
 from eval.tasks import Task
+from tests.support.hub_shapes import build
 from tools.bad_inputs import bad_input, pattern
-from tools.hub_shapes import build
 
 LOAD_DATASET = datasets.load_dataset
 

@@ -1,8 +1,9 @@
-"""The layers of the tree: the engine (adafuse/) imports no layer above it and no engine module one that imports
-it back, the installed packages never import
-the repository-only ones (tools/, oracles/, tests/), nothing imports a test module, no file edits sys.path,
-the runner and the server stay above the engine's facade, and the methods reach the engine only through the
-`adafuse.methods` entry points."""
+"""The layers of the tree: the engine (adafuse/) imports no layer above it, its folders are its layers (each
+imports only the layers below it: methods neither the engine loop nor a backend; nothing outside adafuse/backend/
+its internals), no module imports one that imports it back, and hidden per-thread state lives only in the
+backend; the installed packages never import the repository-only ones (tools/, oracles/, tests/), only tests
+import tests/support/, no file edits sys.path, the runner and the server stay above the engine's facade, and the
+methods reach the engine only through the `adafuse.methods` entry points."""
 
 import ast
 import subprocess
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from tools.paths import ROOT
+from tests.support.paths import ROOT
 
 
 def imported_modules(path) -> set[str]:
@@ -64,6 +65,61 @@ def test_no_engine_module_imports_one_that_imports_it_back():
     assert not cycles, " -> ".join(cycles[0])
 
 
+# adafuse/'s layers, bottom up, and the layers each may import (docs/algorithm.md draws them). A file at the top
+# of adafuse/ is in the "base" layer (settings, errors, registries, the trace) unless it is the public face.
+LAYERS = {
+    "base": set(),
+    "text": {"base"},
+    "backend": {"base"},
+    "member": {"base", "text", "backend"},
+    "methods": {"base", "text", "member"},
+    "engine": {"base", "member", "backend"},
+    "loading": {"base", "backend"},
+    "face": {"base", "text", "backend", "member", "methods", "engine", "loading"},
+}
+FACE = {"adafuse", "adafuse.ensemble"}
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if module in FACE:
+        return "face"
+    return parts[1] if len(parts) > 2 or parts[1] in LAYERS and parts[1] != "base" else "base"
+
+
+@pytest.mark.parametrize("path", python_files("adafuse"), ids=relative)
+def test_each_folder_of_the_engine_imports_only_the_layers_below_it(path):
+    module = module_name(path)
+    layer = layer_of(module)
+    reached = {layer_of(name) for name in imported_modules(path) if name.split(".")[0] == "adafuse"} - {layer}
+    assert reached <= LAYERS[layer], f"{module} ({layer}) imports {sorted(reached - LAYERS[layer])}"
+
+
+def test_the_layers_are_the_folders():
+    """Every sub-folder of adafuse/ is a layer of LAYERS, and every layer but the base and the face a folder."""
+    folders = {path.name for path in (ROOT / "adafuse").iterdir() if path.is_dir() and path.name != "__pycache__"}
+    assert folders == set(LAYERS) - {"base", "face"}
+
+
+@pytest.mark.parametrize("path", python_files("adafuse", "baselines", "eval", "serve"), ids=relative)
+def test_nothing_outside_the_backend_imports_its_internals(path):
+    """The seam is `adafuse.backend` (its interface); its modules are its own (tests may look inside)."""
+    if relative(path).startswith("adafuse/backend/"):
+        return
+    inside = {name for name in imported_modules(path) if name.startswith("adafuse.backend.")}
+    assert not inside
+
+
+@pytest.mark.parametrize("path", python_files("adafuse", "baselines", "eval", "serve"), ids=relative)
+def test_no_per_thread_state_outside_the_backend(path):
+    """What a forward pass does is decided by the forward context the backend sets (adafuse/backend/forward.py),
+    not by state hidden in context variables or thread-locals elsewhere."""
+    if relative(path).startswith("adafuse/backend/"):
+        return
+    source = path.read_text()
+    assert "ContextVar" not in source and "threading.local" not in source
+
+
 SHIPPED = ["adafuse", "baselines", "eval", "serve", "conf", "hydra_plugins"]  # pyproject's packages
 
 
@@ -83,12 +139,16 @@ def test_scripts_never_import_the_tests(path):
 
 
 def test_no_test_imports_another_test_module():
-    """What tests share lives in packages (tools/, oracles/) or in conftest's fixtures."""
+    """What tests share lives in tests/support/, oracles/ and tools/, or in conftest's fixtures."""
     found = {}
     for path in python_files("tests"):
         tree = ast.parse(path.read_text(), filename=str(path))
         names = {f".{node.module}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
-        names |= {name for name in imported_modules(path) if name.split(".")[0] == "tests"}
+        names |= {
+            name
+            for name in imported_modules(path)
+            if name.split(".")[0] == "tests" and not name.startswith("tests.support")
+        }
         if names:
             found[relative(path)] = names
     assert not found

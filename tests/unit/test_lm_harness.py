@@ -12,7 +12,7 @@ from eval.lm_tasks import main as write_tasks_command
 from eval.lm_tasks import write_tasks
 from eval.runner import settings_of
 from eval.tasks import Task
-from tools.paths import SHARED_DATA
+from tests.support.paths import SHARED_DATA
 
 
 def test_the_model_is_registered_beside_lm_evals_own():

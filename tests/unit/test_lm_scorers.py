@@ -8,7 +8,7 @@ import re
 import pytest
 
 from eval.lm_scorers import StockExactMatch, committed_runs, compare, ours
-from tools.paths import ROOT
+from tests.support.paths import ROOT
 
 ARTICLE = re.compile(r"\b(a|an|the)\b", re.IGNORECASE)
 

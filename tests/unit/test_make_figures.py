@@ -3,8 +3,8 @@ holds the runs it should, and a figure without runs is skipped, not drawn empty.
 
 import pandas as pd
 
-from tools.run_in_process import run_script
-from tools.runs import pattern, write_run
+from tests.support.run_in_process import run_script
+from tests.support.runs import pattern, write_run
 
 
 def make_figures(results, *args: str):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from eval.metrics import spbleu_available
-from tools.run_in_process import run_script
-from tools.runs import pattern, write_run
+from tests.support.run_in_process import run_script
+from tests.support.runs import pattern, write_run
 
 
 def make_table(results: Path, *args: str) -> dict[tuple[str, str], dict]:

@@ -21,7 +21,7 @@ from baselines.pairrm import (
     load_pairrm,
     scores_from_matrix,
 )
-from tools.pairrm_checkpoint import write_checkpoint
+from tests.support.pairrm_checkpoint import write_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from adafuse import AdaFuseConfig
 from serve.app import loopback
 from serve.protocol import ApiError, Defaults, parse_body, parse_chat, parse_completion, usage, word_logprobs, words
-from tools.paths import ROOT
+from tests.support.paths import ROOT
 
 SERVER = Defaults(
     model="tiny",

@@ -12,7 +12,7 @@ from adafuse import Ensemble
 from adafuse.member.member import Member
 from adafuse.text.tokens import TokenBytes, unfinished
 from eval.runner import record_text_rules
-from tools.testing import FakeTokenizer
+from tests.support.members import FakeTokenizer
 
 # A byte-level vocabulary: "Ġ" is a space; "Ã" and "¼" are the two bytes of "ü" (C3 BC); "ð" "Ł" "į" "ķ" are
 # the four bytes of "🍕" (F0 9F 8D 95); "¼" alone is a lone continuation byte.

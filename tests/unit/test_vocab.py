@@ -6,7 +6,7 @@ import pytest
 from adafuse.errors import ConfigError
 from adafuse.text.tokens import BYTE_LEVEL, SENTENCEPIECE, byte_level_alphabet, detect_type, vocabulary_bytes
 from baselines.vocab import Vocabulary, check_weights, member_weights
-from tools.testing import FakeTokenizer
+from tests.support.members import FakeTokenizer
 
 
 def test_byte_level_alphabet_is_a_bijection_onto_the_256_bytes():

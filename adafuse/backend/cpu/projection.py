@@ -163,7 +163,7 @@ def _multiply_on_free_cores(cores: Cores, share, runs: list[range], multiply) ->
 
 
 # head -> (weight, bias, its row blocks, its full blocks stacked, their runs): kept beside the module, not on
-# it, so that a deep copy of a model (tools/testing.py `narrow_window`) makes its own blocks instead of
+# it, so that a deep copy of a model (tests/support/members.py `narrow_window`) makes its own blocks instead of
 # copying views, which deepcopy refuses
 _BLOCKS: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
 

@@ -5,5 +5,5 @@ which imports no torch."""
 import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHARED_DATA = Path(os.environ.get("ADAFUSE_SHARED_DATA", ROOT.parent / "shared" / "data"))

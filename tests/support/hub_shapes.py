@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tools.paths import SHARED_DATA
+from tests.support.paths import SHARED_DATA
 
 STRINGS = pa.list_(pa.string())
 TRIVIA = pa.schema(

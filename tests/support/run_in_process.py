@@ -8,7 +8,7 @@ import logging
 import sys
 from dataclasses import dataclass
 
-from tools.paths import ROOT
+from tests.support.paths import ROOT
 
 
 @dataclass

@@ -1,32 +1,17 @@
-"""What the tests share that is neither a fixture (tests/conftest.py) nor an oracle (oracles/): decoding
-through the method seam, member stand-ins (a narrowed sliding window, the real tokenizers over tiny random
-weights), the harness's NQ prompts, the token-level methods' prompts, and a hand-made tokenizer."""
+"""Members and passes as the tests drive them (a decode through the method seam is oracles/fast.py's): one pass
+run by the member's backend as the engine runs it (`pass_alone`, `pass_merged`), member stand-ins (a narrowed sliding window, the
+real tokenizers over tiny random weights), and a hand-made tokenizer."""
 
 import contextlib
 import copy
 
 import torch
-from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 from adafuse.backend import ALONE, MERGED, Execution, Pass, Read
-from adafuse.engine.loop import drive
-from adafuse.ensemble import resolve_method
 from adafuse.member.member import Member
-from adafuse.methods.session import Request
-from adafuse.trace import Generation
-from conf.compose import compose_run
-from conf.schema import DataConf
-from eval.tasks import Task
 
 WINDOW = 16  # Gemma-3's sliding window in conftest's `narrow` and `tiny_shaped` (the real model's: 512)
-
-
-def decode(members, prompt: str, cfg, **request) -> Generation:
-    """Decode `prompt` through the method seam with the method whose knobs `cfg` is; `request` holds
-    the Request's other fields (stop, max_new_tokens, trace)."""
-    spec, cfg = resolve_method(cfg, {})
-    return drive(spec.generate(members, Request(prompt, **request), cfg))
 
 
 def clone(member: Member) -> Member:
@@ -71,19 +56,6 @@ def long_reads_stopped(members, positions: int = 1000):
     finally:
         for hook in hooks:
             hook.remove()
-
-
-def nq_prompt(shared_data, example_id: str) -> tuple[str, list[str]]:
-    """The harness's prompt and stop strings for one Natural Questions example."""
-    cfg = OmegaConf.to_object(compose_run("task=nq", "task.limit=5").task)
-    task = Task(cfg, DataConf(dir=str(shared_data)))
-    return next(task.prompt(ex) for ex in task.examples if ex.id == example_id), list(cfg.stop)
-
-
-def nq_few_shot_case(shared_data, budget: int) -> tuple[str, list[str], int]:
-    """(prompt, stop strings, budget): the paper's NQ few-shot prompt and one question (about 190 tokens)."""
-    nq = (shared_data / "adafuse_local_datasets/NaturalQuestions/dev/nq_prompt.txt").read_text()
-    return nq + "\n\nQuestion: when was the last time anyone was on the moon\nAnswer:", ["\n"], budget
 
 
 def narrow_window(member: Member, window: int) -> Member:
@@ -141,16 +113,6 @@ def in_shape(member: Member, seed: int, layers: int, kv_heads: int, **config) ->
         )
     model.generation_config = copy.deepcopy(member.model.generation_config)
     return Member(f"{member.name}_in_shape", member.tokenisation.tokenizer, model, member.tokenisation.chat_template)
-
-
-# The token-level methods' prompts (UniTE's and DeePEn's checks against their oracles): (prompt, stop, max_new_tokens)
-TOKEN_METHOD_CASES = [
-    ("Question: What is the capital of France?\nAnswer:", ["\n"], 10),  # an answer that ends at a newline
-    ("Englisch: The old house is very small.\nDeutsch:", ["\n"], 12),  # German output
-    ("Die größte Stadt in Österreich ist", [], 8),  # German prompt with umlauts
-    ("The sum of 128 and 256 is", [], 8),  # digits
-    ("A short list of fruits:\n1.", [], 12),  # newlines inside the output
-]
 
 
 class FakeAdded:

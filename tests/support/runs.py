@@ -13,7 +13,7 @@ from conf.compose import compose_run
 from eval.results import RunDir
 from eval.runner import decoding_models, main, model_sources, settings_of, summary
 from eval.tasks import Task
-from tools.paths import SHARED_DATA
+from tests.support.paths import SHARED_DATA
 
 # Short budgets keep CI fast; QA answers fit, GSM8K chains and translations are cut (scored as they are).
 BUDGET = {"gsm8k": 8, "flores_en_de": 8, "flores_de_en": 8}
