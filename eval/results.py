@@ -35,8 +35,10 @@ from conf.schema import resumable_settings
 
 log = logging.getLogger(__name__)
 
-# a model's pass counts and its passes' seconds (batching.PassCounts), summed over the processes that decoded
-PASS_COUNTS = ("passes", "merged_passes", "rows", "merged_prompts", "seconds")
+# a model's pass counts and its passes' seconds (adafuse/engine/executor.py PassCounts), summed over the processes
+# that decoded; its KV figures, the most any process reached
+PASS_COUNTS = ("passes", "merged_passes", "rows", "merged_prompts", "prefix_passes", "seconds")
+KV_FIGURES = ("kv_peak_bytes", "kv_peak_bytes_per_example", "kv_prefix_bytes", "longest_context")
 
 
 def _flat(tree, prefix="") -> dict:
@@ -203,8 +205,8 @@ class RunDir:
             f.write(line)
 
     def batching(self) -> dict[str, dict]:
-        """Per model name: how every process's requests met and their pass counts summed, from
-        batching.jsonl (a count a process did not report, from before it was counted, adds nothing). A mode
+        """Per model name: how every process's requests met, their pass counts summed and the most KV any held,
+        from batching.jsonl (a count a process did not report, from before it was counted, adds nothing). A mode
         that differed between processes reads "mixed"."""
         path = self.path / "batching.jsonl"
         entries = [_parse(line, path) for line in path.read_bytes().splitlines()] if path.is_file() else []
@@ -217,6 +219,9 @@ class RunDir:
                         total[key] = "mixed"
                 for key in PASS_COUNTS:
                     total[key] += report.get(key, 0)
+                for key in KV_FIGURES:
+                    if key in report:
+                        total[key] = max(total.get(key, 0), report[key])
         return totals
 
     def write_metrics(self, metrics: dict) -> None:

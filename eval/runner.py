@@ -309,9 +309,10 @@ def decode_all(ensemble, task, todo, prompts, method, settings, out: RunDir, tra
     for name, how in batching.items():
         log.info(
             "batching, %s: attention %s, linear layers %s; %d passes, %d merged (%d prompts read in them), %d rows, "
-            "%.1f s",
+            "%.1f s; KV held at most %.0f MiB, %.0f MiB per example in flight, prompt prefixes %.0f MiB",
             *(name, how["attention"], how["linear"], how["passes"], how["merged_passes"], how["merged_prompts"]),
-            *(how["rows"], how["seconds"]),
+            *(how["rows"], how["seconds"], how["kv_peak_bytes"] / 2**20, how["kv_peak_bytes_per_example"] / 2**20),
+            how["kv_prefix_bytes"] / 2**20,
         )
     out.append_batching(settings.task.shard, len(todo), batching)
 

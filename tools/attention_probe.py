@@ -3,7 +3,7 @@
     python -m tools.attention_probe                       # this machine's device, the paper pair's heads
     python -m tools.attention_probe --dtypes float32 --out results/bench/attention_cpu.json
 
-An exact merged pass (adafuse/backend/invariance.py) calls the model's attention once per request and layer, so that
+An exact merged pass (adafuse/backend/split_pass.py) calls the model's attention once per request and layer, so that
 each request attends exactly as in its pass alone; on a GPU those calls are host time (a merged pass of 8
 requests through 32 layers makes 256). One call would do, where a kernel computes each request on its own
 whatever shares the call. This probe measures, on random queries, keys and values of a merged pass's shapes
@@ -109,7 +109,7 @@ def probe(device: str, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: 
 
 def engine_masks(heads: int, kv_heads: int, head_dim: int) -> Callable:
     """`mask(width, length, query)`: the mask the engine gives a request's attention in its pass alone
-    (adafuse/backend/invariance.py `AloneMasks`, transformers' own mask functions: none where SDPA's causal flag
+    (adafuse/backend/attention.py `AloneMasks`, transformers' own mask functions: none where SDPA's causal flag
     does), for a full-attention model of these heads."""
     config = LlamaConfig(
         hidden_size=heads * head_dim, num_attention_heads=heads, num_key_value_heads=kv_heads,

@@ -25,7 +25,7 @@
    (`simple_evaluate` with our `adafuse` model and the task eval/lm_tasks.py writes) and as the runner
    decodes them (`Ensemble.decode_stream`), at the same batch size, alternating which goes first: wall
    time of each, the ratio (goal <= 1.10), and identical texts.
-7. `--only exact`: what exact batching costs (adafuse/backend/invariance.py): AdaFuse on the same 48 prompts of
+7. `--only exact`: what exact batching costs (adafuse/backend/tiles.py): AdaFuse on the same 48 prompts of
    one task (`--batching-task`, default NQ; `--limit` fewer) exact at batch 8, not exact at batch 8 and
    exact at batch 1, in one run: the three throughputs and whether the outputs are identical.
 8. `--only default_run`: the user's measure of the ensemble's cost. `python run.py` with every default
@@ -42,10 +42,15 @@
 10. `--only serve`: `adafuse-serve` against offline decoding, on the same NQ prompts (`--limit`, 48) at 1, 8
    and 32 concurrent clients: throughput, latency p50/p95, the server's wall time over `decode_stream`'s at
    the same batch size (goal at 8 clients: <= 1.10), identical texts (tools/bench_serve.py).
+11. `--only memory`: what a batch holds. `python run.py task=gsm8k task.limit=8` (4-shot prompts of about 800
+   tokens) at batch 8 and at batch 1, each a fresh process: each run's peak resident memory (the process's own,
+   from wait4), its models' KV bytes (metrics.json `batching`: the most held, the most per example in flight, the
+   stored prompt prefixes, and one context's, KV per token times the longest context), and its predictions
+   against the other run and the committed results/grid run.
 Prints a table and writes the figures to results/bench/decode.json; `--only reference`, `authors`,
-`projection`, `lm_eval`, `exact`, `default_run`, `overhead` or `serve` writes its section alone to
+`projection`, `lm_eval`, `exact`, `default_run`, `overhead`, `serve` or `memory` writes its section alone to
 reference.json, authors.json, projection.json, lm_eval.json, exact_batching.json, default_run.json,
-overhead.json or serve.json.
+overhead.json, serve.json or memory.json.
 """
 
 import argparse
@@ -269,7 +274,7 @@ def decode_suite(
     ens: Ensemble, cases: list, method: str, options: dict, batch_size: int, exact: bool = True
 ) -> tuple[list, dict]:
     """Decode every case (a Request) with `batch_size` in flight, merged passes `exact` or not
-    (adafuse/backend/invariance.py): (texts in case order, figures)."""
+    (adafuse/backend/tiles.py): (texts in case order, figures)."""
     spec, cfg = resolve_method(method, options)
 
     def one(members, i):
@@ -284,9 +289,8 @@ def decode_suite(
     return texts, {
         "seconds": seconds,
         "examples_per_second": len(cases) / seconds,
-        "merged_passes": executor.passes,
-        "rows_per_pass": executor.rows / max(executor.passes, 1),
-        "passes_in_place": executor.reused,
+        "passes": executor.passes,
+        "rows_per_pass": sum(c.rows for c in executor.counts.values()) / max(executor.passes, 1),
         "peak_memory_gb": memory.peak / 1024**3,
     }
 
@@ -407,7 +411,7 @@ def compare_exact_batching(ens: Ensemble, data_dir: Path, task: str, limit: int)
     budget = {t: b for t, _, b in SUITE}[task]
     cases = task_requests(task, limit, data_dir, budget)
     # warm-up, not timed: the prompt store reads the task's few-shot prefix, and the row tiles
-    # (adafuse/backend/invariance.py) probe the row counts that merged passes of 8 examples reach
+    # (adafuse/backend/tiles.py) probe the row counts that merged passes of 8 examples reach
     decode_suite(ens, [replace(r, max_new_tokens=4) for r in cases[:8]], "adafuse", {}, 8)
     runs = {"exact_batch_8": (8, True), "not_exact_batch_8": (8, False), "exact_batch_1": (1, True)}
     figures, texts = {}, {}
@@ -476,6 +480,48 @@ def compare_default_run(repeats: int) -> dict:
     }
 
 
+MEMORY_RUN = ["task=gsm8k", "task.limit=8"]
+
+
+def compare_memory() -> dict:
+    """Section 11: run.py on 8 GSM8K problems at batch 8 and batch 1, fresh processes: peak RSS, KV figures,
+    predictions against each other and the committed grid run."""
+    runs, predictions = {}, {}
+    for batch_size in (8, 1):
+        with tempfile.TemporaryDirectory() as out:
+            command = [sys.executable, "run.py", *MEMORY_RUN, f"batch_size={batch_size}", f"results_dir={out}"]
+            child = subprocess.Popen([*command, "wandb.mode=disabled"], cwd=ROOT, stdout=subprocess.DEVNULL)
+            _, status, usage = os.wait4(child.pid, 0)
+            if status:
+                raise SystemExit(f"{' '.join(command)} failed ({status})")
+            (run_dir,) = {path.parent for path in Path(out).glob("gsm8k/*/tiny/*/metrics.json")}
+            metrics = json.loads((run_dir / "metrics.json").read_text())
+            models = metrics["batching"]["models"]
+            runs[batch_size] = {
+                "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9,  # Linux reports kilobytes
+                "seconds": metrics["throughput"]["seconds"],
+                "models": {
+                    name: {key: how[key] for key in ("kv_peak_bytes", "kv_peak_bytes_per_example", "kv_prefix_bytes")}
+                    | {"one_context_bytes": how["kv_bytes_per_token"] * how["longest_context"]}
+                    for name, how in models.items()
+                },
+                "identical_to_grid": identical_to_grid(run_dir, ROOT / "results/grid" / run_dir.relative_to(out))[0],
+            }
+            predictions[batch_size] = {
+                i: r["prediction"] for i, r in read_predictions(run_dir / "predictions.jsonl").items()
+            }
+        print(f"  batch {batch_size}: peak RSS {runs[batch_size]['peak_rss_gb']:.2f} GB", flush=True)
+    return {
+        "command": "python run.py " + " ".join(MEMORY_RUN),
+        "examples": len(predictions[8]),
+        "runs": runs,
+        "identical_8_to_1": sum(predictions[1].get(i) == text for i, text in predictions[8].items()),
+        "kv_per_example_over_one_context": {
+            name: how["kv_peak_bytes_per_example"] / how["one_context_bytes"] for name, how in runs[8]["models"].items()
+        },
+    }
+
+
 def passes_alone_over_members(seconds: dict[str, list[float]], pass_seconds: dict[str, list[dict]]) -> dict:
     """AdaFuse's passes run one model after the other (each on every core, nothing beside it), best run, over the
     members' best decode seconds summed: the slower model's passes (no schedule of the two models' passes ends
@@ -530,7 +576,7 @@ def compare_projection(ens: Ensemble, repeats: int) -> dict:
 
 def one_multiply_in_tiles(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """The canonical logits the blocked projection must give: one F.linear over the whole matrix, the rows
-    padded to the blocks' row tiles (adafuse/backend/invariance.py), as tests/engine/test_projection.py checks."""
+    padded to the blocks' row tiles (adafuse/backend/tiles.py), as tests/engine/test_projection.py checks."""
     bias = None if head.bias is None else head.bias[:BLOCK_ROWS]
     padded = pad_to_tiles(backend_for(head.weight.device).probes, x, head.weight[:BLOCK_ROWS], bias)
     return F.linear(padded, head.weight, head.bias)[: x.shape[0]]
@@ -602,8 +648,9 @@ def main() -> None:
             "default_run",
             "overhead",
             "serve",
+            "memory",
         ],
-        help="run one section (1, 2, 3, 4, 5, 6, 7, 8, 9 or 10)",
+        help="run one section (1, 2, 3, 4, 5, 6, 7, 8, 9, 10 or 11)",
     )
     parser.add_argument("--authors-code", type=Path, help="a checkout of CCM0111/AdaFuse (section 4)")
     parser.add_argument("--authors-questions", type=int, default=10, help="NQ questions for section 4")
@@ -656,13 +703,14 @@ def main() -> None:
         "default_run": "default_run.json",
         "overhead": "overhead.json",
         "serve": "serve.json",
+        "memory": "memory.json",
     }
     args.out = args.out or ROOT / "results/bench" / own_file.get(args.only, "decode.json")
     torch.set_num_threads(args.threads)
 
     # section 6 loads the pair through the lm_eval model, which holds its own; section 8 runs run.py; section 9
     # decodes with the paper's pair in shape
-    own_models = ("lm_eval", "default_run", "overhead")
+    own_models = ("lm_eval", "default_run", "overhead", "memory")
     ens = None if args.only in own_models else Ensemble.from_config(["smollm2_135m", "gemma3_270m"])
     scale = args.scale or (0.25 if args.quick else 1.0)
     record = {
@@ -772,6 +820,16 @@ def main() -> None:
             ens, task_requests("nq", args.limit, args.data_dir, 32), 8, args.threads, args.repeats
         )
         print(f"  server / offline at 8 clients: {serve['served']['8']['over_offline']:.2f} (goal <= 1.10)")
+    if args.only == "memory":
+        print("11. what a batch holds: run.py on 8 GSM8K problems at batch 8 and batch 1 (fresh processes)", flush=True)
+        record["memory"] = memory = compare_memory()
+        ratios = ", ".join(f"{name} {v:.2f}" for name, v in memory["kv_per_example_over_one_context"].items())
+        print(
+            f"  peak RSS at batch 8: {memory['runs'][8]['peak_rss_gb']:.2f} GB (goal <= 5.0); KV per example in "
+            f"flight / one context: {ratios} (goal <= 2); batch 8 identical to batch 1: "
+            f"{memory['identical_8_to_1']}/{memory['examples']}, "
+            f"to results/grid: {memory['runs'][8]['identical_to_grid']}"
+        )
     if args.only in (None, "singles"):
         print("1. every method vs the two single models (same prompts, interleaved)", flush=True)
         record["singles"] = singles = compare_with_singles(

@@ -10,7 +10,7 @@
    (both members) and AdaFuse on the harness's NQ prompts; outputs identical to batch size 1 with exact
    batching, and without it; each greedy step's log-probability bit for bit; the time of each; and how
    each model's requests met in merged passes (whether this GPU's matrix multiplies depend on the
-   number of rows; exact passes multiply in row tiles either way: adafuse/backend/invariance.py).
+   number of rows; exact passes multiply in row tiles either way: adafuse/backend/tiles.py).
 3. tools/bench_decode.py's exact-batching section (AdaFuse exact at batch 8, not exact at batch 8, exact
    at batch 1, on 48 NQ prompts) with the paper's pair in shape in bfloat16: does exact batching pay here?
 4. tools/bench_decode.py's AdaFuse section (every method against the members' greedy decoding) and
@@ -93,7 +93,7 @@ def paper_pair_bf16() -> Ensemble:
 
 def exact_batching(prompts: int, data_dir: Path) -> dict:
     """bench_decode's section 6 on the paper's pair in shape, bfloat16: the row tiles each linear layer
-    chose on this device (adafuse/backend/invariance.py) and what exactness costs at batch 8."""
+    chose on this device (adafuse/backend/tiles.py) and what exactness costs at batch 8."""
     pair = paper_pair_bf16()
     report = compare_exact_batching(pair, data_dir, "nq", prompts)
     report["tile_rows"] = {str(key): rows for key, rows in backend_for(pair.members[0].device).probes.tile_rows.items()}

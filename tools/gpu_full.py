@@ -16,7 +16,7 @@ the shared prefix read once per model). Each run is recorded as it ends:
 3. AdaFuse exact at batch 8, not exact at batch 8, and exact at batch 1: merged passes, rows per pass,
    how each model's requests met (`DecodeStream.batching`), texts against exact batch 1;
 4. UniTE and SweetSpan at batch 8 (the paper's Figure 5 compares their wall time with AdaFuse's);
-5. the row tile and the one-call verdicts the probes chose for each weight shape (adafuse/backend/invariance.py),
+5. the row tile and the one-call verdicts the probes chose for each weight shape (adafuse/backend/tiles.py),
    and each run's peak GPU memory; whether a merged pass's attention could run in one call on this GPU and
    keep every request's bits (tools/attention_probe.py, at the pair's heads);
 6. the ratios: AdaFuse (exact, batch 8) over the members' summed `generate()` and over their summed
@@ -244,7 +244,7 @@ def decode_run(ensemble: Ensemble, requests, device, method, batch_size, exact, 
 
 def probe_verdicts(device: str, shapes: set[tuple[int, int]]) -> dict:
     """Per bfloat16 weight shape (out x in) on `device`: the rows of its tile, and per padded row count
-    whether one multiply gives every tile's bits (adafuse/backend/invariance.py); a shape never multiplied is absent."""
+    whether one multiply gives every tile's bits (adafuse/backend/tiles.py); a shape never multiplied is absent."""
     probes = backend_for(torch.device(device)).probes
 
     def ours(key: tuple) -> str | None:

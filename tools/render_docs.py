@@ -271,7 +271,7 @@ def exact(data: dict) -> str:
     header = [
         "AdaFuse",
         "examples per second",
-        "merged passes",
+        "passes",
         "rows per pass",
         "peak memory",
         "identical to exact b1",
@@ -285,7 +285,7 @@ def exact(data: dict) -> str:
         [
             label,
             f"{e['runs'][key]['examples_per_second']:.3f}",
-            e["runs"][key]["merged_passes"],
+            e["runs"][key]["passes"],
             f"{e['runs'][key]['rows_per_pass']:.1f}",
             f"+{e['runs'][key]['peak_memory_gb']:.2f} GB",
             "(itself)" if identical[key] is None else f"{identical[key]}/{e['prompts']}",
@@ -298,6 +298,33 @@ def exact(data: dict) -> str:
         f"**{e['exact_8_over_not_exact_8']:.2f}×** not-exact batch 8 (goal ≥ 0.9×)."
     )
     return "\n\n".join([provenance("exact_batching.json", data), table(header, rows), notes])
+
+
+@renderer("memory", "memory.json")
+def memory(data: dict) -> str:
+    """What a batch holds: peak memory and each model's KV, at batch 8 and batch 1."""
+    m = data["memory"]
+    header = ["run.py, 8 GSM8K problems", "peak resident memory", "seconds"]
+    header += [
+        f"{name}: KV held at most / per example / prompt prefixes / one context" for name in m["runs"]["8"]["models"]
+    ]
+    rows = []
+    for batch in ("8", "1"):
+        run = m["runs"][batch]
+        cells = [f"batch {batch}", f"{run['peak_rss_gb']:.2f} GB", f"{run['seconds']:.0f}"]
+        cells += [" / ".join(f"{how[key] / 2**20:.0f}" for key in KV_KEYS) + " MiB" for how in run["models"].values()]
+        rows.append(cells)
+    ratios = ", ".join(f"{name} {value:.2f}×" for name, value in m["kv_per_example_over_one_context"].items())
+    notes = (
+        f"`{m['command']}`. KV per example in flight over one context's: {ratios} (goal ≤ 2×). Batch 8 identical to "
+        f"batch 1: {m['identical_8_to_1']}/{m['examples']}; to the committed results/grid run: batch 8 "
+        f"{m['runs']['8']['identical_to_grid']}/{m['examples']}, "
+        f"batch 1 {m['runs']['1']['identical_to_grid']}/{m['examples']}."
+    )
+    return "\n\n".join([provenance("memory.json", data), table(header, rows), notes])
+
+
+KV_KEYS = ("kv_peak_bytes", "kv_peak_bytes_per_example", "kv_prefix_bytes", "one_context_bytes")
 
 
 OVERHEAD_RUNS = {

@@ -37,8 +37,11 @@ class PassCounts:
     prefix_passes: int = 0  # shared prompt prefixes read (once each, for every prompt that starts with them)
     # wall time its passes took, log-softmax included (on its own thread, beside the other model's passes)
     seconds: float = 0.0
-    kv_peak_bytes: int = 0  # the most bytes of KV its contexts, forks and stored prefixes held at once
-    kv_peak_bytes_per_example: int = 0  # the most, at any step, over the examples in flight at that step
+    kv_peak_bytes: int = 0  # the most bytes of KV its examples' contexts and forks held at once
+    kv_peak_bytes_per_example: int = 0  # the most they held at the end of a step, over the examples in flight
+    kv_prefix_bytes: int = 0  # the most bytes its stored prompt prefixes held (shared by its examples)
+    kv_bytes_per_token: int = 0  # one position's keys and values over all layers
+    longest_context: int = 0  # the most positions a context or fork reached: one context's KV is at most this many
 
 
 class Executor:
@@ -52,6 +55,7 @@ class Executor:
         self.memory_budget = memory_budget
         self.counts: dict[str, PassCounts] = {}  # per model name, in the order models first ran
         self.how_met: dict[str, dict[str, str]] = {}  # per model name: its attention and linear layers' way
+        self._watched: set[str] = set()  # models whose KV peak this executor counts
 
     @property
     def exact(self) -> bool:
@@ -72,6 +76,10 @@ class Executor:
         step: `memory_budget`, else what its backend says now (asked once per model and step)."""
         budgets: dict[int, int] = {}
         runners = {id(r.runner): r.runner for r in requests}
+        for runner in runners.values():
+            if runner.name not in self.counts and runner.name not in self._watched:
+                runner.ledger.reset_peak()  # this executor's peak, not an earlier run's over the same model
+                self._watched.add(runner.name)
 
         def budget(weights: int) -> int:
             if weights not in budgets:
@@ -90,10 +98,10 @@ class Executor:
             self._run(prefixes, requests, results)
         self._run([plan for plan in plans if plan.kind != planner.PREFIX], requests, results)
         for runner in {id(r.runner): r.runner for r in requests}.values():
-            counts = self.counts[runner.name]
-            peak = runner.ledger.restart()
-            counts.kv_peak_bytes = max(counts.kv_peak_bytes, peak)
-            counts.kv_peak_bytes_per_example = max(counts.kv_peak_bytes_per_example, peak // max(examples, 1))
+            counts, ledger = self.counts[runner.name], runner.ledger
+            counts.kv_peak_bytes = max(counts.kv_peak_bytes, ledger.peak)
+            counts.kv_peak_bytes_per_example = max(counts.kv_peak_bytes_per_example, ledger.held // max(examples, 1))
+            counts.kv_prefix_bytes = max(counts.kv_prefix_bytes, ledger.prefixes)
         return results
 
     def _run(self, plans: list[PassPlan], requests, results: list) -> None:
@@ -118,7 +126,7 @@ class Executor:
     def _finish(self, plan: PassPlan, done: Pass, ran, requests, results: list) -> None:
         first = requests[plan.places[0]]
         runner = first.runner
-        counts = self.counts.setdefault(runner.name, PassCounts())
+        counts = self.counts.setdefault(runner.name, PassCounts(kv_bytes_per_token=runner.kv_bytes_per_token))
         self.how_met.setdefault(runner.name, self._way(runner))
         counts.passes += 1
         counts.seconds += ran.seconds
@@ -129,6 +137,7 @@ class Executor:
             counts.rows += 1
             return
         counts.rows += sum(read.rows for read in done.reads)
+        counts.longest_context = max([counts.longest_context] + [read.cache.get_seq_length() for read in done.reads])
         merged = plan.kind == planner.MERGED
         counts.merged_passes += merged
         for place, read, result in zip(plan.places, done.reads, ran.results):
@@ -154,7 +163,7 @@ class Executor:
         """Per model name, how its requests met and its counts, as plain data (a run's metrics.json):
         {"attention": ..., "linear": ... (see `_way`), "passes": ..., "merged_passes": ..., "rows": ...,
         "merged_prompts": ..., "prefix_passes": ..., "seconds": ..., "kv_peak_bytes": ...,
-        "kv_peak_bytes_per_example": ...}."""
+        "kv_peak_bytes_per_example": ..., "kv_prefix_bytes": ..., "kv_bytes_per_token": ..., "longest_context": ...}."""
         return {name: self.how_met[name] | asdict(counts) for name, counts in self.counts.items()}
 
 

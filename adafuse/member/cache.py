@@ -19,8 +19,9 @@ a round copies only its new positions. All layers are full-length, also for slid
 the model applies its window through the attention mask, and a full layer can be cut back anywhere, which a
 rejected word needs (transformers' sliding layers refuse once the window is full).
 
-Every buffer is charged to its model's `KVLedger` while it lives: the bytes of KV a model's contexts hold now
-and at most (adafuse/engine/executor.py reports them per example in flight).
+Every buffer is charged to its model's `KVLedger` while it lives: the bytes of KV a model's contexts and forks
+hold now and at most, apart from the stored prefixes they share (adafuse/engine/executor.py reports them per
+example in flight).
 """
 
 import weakref
@@ -31,14 +32,21 @@ from transformers.cache_utils import DynamicLayer
 
 
 class KVLedger:
-    """The bytes of KV one model's buffers hold now (`held`) and at most since `restart` (`peak`)."""
+    """The bytes of KV one model's buffers hold: the examples' contexts and forks (`held`, and the most they ever
+    held at once, `peak`, growing buffers' copies included) and the stored prompt prefixes they share
+    (`prefixes`)."""
 
     def __init__(self):
         self.held = 0
         self.peak = 0
+        self.prefixes = 0
 
     def charge(self, buffer: "KVBuffer") -> None:
         size = buffer.keys.nbytes + buffer.values.nbytes
+        if buffer.frozen:
+            self.prefixes += size
+            weakref.finalize(buffer, self._release_prefix, size)
+            return
         self.held += size
         self.peak = max(self.peak, self.held)
         weakref.finalize(buffer, self._release, size)
@@ -46,10 +54,12 @@ class KVLedger:
     def _release(self, size: int) -> None:
         self.held -= size
 
-    def restart(self) -> int:
-        """The peak since the last restart; the next peak counts from what is held now."""
-        peak, self.peak = self.peak, self.held
-        return peak
+    def _release_prefix(self, size: int) -> None:
+        self.prefixes -= size
+
+    def reset_peak(self) -> None:
+        """Count the peak from what is held now (a new run over the same model)."""
+        self.peak = self.held
 
 
 class KVBuffer:

@@ -128,7 +128,7 @@ class Reading:
 class Steps:
     """The log-probabilities one `Rows.extend` computed: `steps[i, j]` is the distribution after the j-th id
     row i read (j < the ids it read; a slice of j gives several, a slice of i stacks rows). The padding
-    after a row's ids is never computed (adafuse/backend/invariance.py `live_positions`): nothing to index there."""
+    after a row's ids is never computed (adafuse/backend/live.py): nothing to index there."""
 
     def __init__(self, packed: torch.Tensor, lengths: list[int]):
         self.packed = packed  # (sum(lengths), vocab), row after row

@@ -1,11 +1,11 @@
 """The method seam: a decoding method by name, and the one way every method is run.
 
-A method is a program written once per example, `decode(session, cfg)`, that fills the session's shared
-text (adafuse/methods/session.py), yielding the forward passes it needs (adafuse/member/passes.py), with the dataclass of
-its knobs, `positions_needed(cfg, max_new_tokens)` (the context it may use after the prompt) and
-`members_used(cfg, k)` (which of the pair's k models it decodes with; the runner loads only those).
-`Method.generate(members, request, cfg)` is the program that builds the session from a `Request`, starts
-it and runs the method: the engine (adafuse/engine/loop.py) runs it, alone or beside other examples.
+A method is a program written once per example, `decode(session, cfg)`, that fills the session's shared text
+(adafuse/methods/session.py), yielding the forward passes it needs (adafuse/member/passes.py), with the dataclass of
+its knobs, `positions_needed(cfg, max_new_tokens)` (the context it may use after the prompt) and `members_used(cfg,
+k)` (which of the pair's k models it decodes with; the runner loads only those). `Method.generate(members, request,
+cfg)` is the program that builds the session from a `Request`, starts it and runs the method: the engine
+(adafuse/engine/loop.py) runs it, alone or beside other examples.
 
 Methods are found through the packaging entry-point group `adafuse.methods` (pyproject.toml), loaded
 on first lookup: the engine never imports the baselines (or any other package that adds a method).

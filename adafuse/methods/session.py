@@ -27,7 +27,7 @@ class Request:
     max_new_tokens: int = 64  # generated tokens of any one member (spec §5)
     trace: bool = False  # record each round (spec §7) in the Generation
     # A start of `prompt` that other requests share (a task's instruction and exemplars): each member reads it
-    # once and keeps it for them (`Member.prompt_reading`). Without it the whole prompt is read for each request.
+    # once and keeps it for them (`Member.prefix_length`). Without it the whole prompt is read for each request.
     prefix: str = ""
 
     def __post_init__(self):

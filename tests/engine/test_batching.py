@@ -7,12 +7,13 @@ passes below, and tests/engine/test_adafuse_code.py decodes the authors' recorde
 
 import gc
 import threading
+import time
 import weakref
 
 import pytest
 import torch
 
-from adafuse import Ensemble, Job, Request, SingleConfig
+from adafuse import Ensemble, Job, Request, ScoreJob, SingleConfig
 from adafuse.backend.attention import PREFIX
 from adafuse.config import ModelConfig
 from adafuse.engine.executor import Executor
@@ -224,3 +225,60 @@ def test_an_engine_s_failing_example_ends_alone_and_the_others_decode_as_alone(t
     engine.close()
     assert isinstance(results["broken"], RuntimeError) and "listener failed" in str(results["broken"])
     assert results["fine"].text == tiny.decode(request, method="single", member=0).text
+
+
+def test_a_batch_holds_each_context_once_and_a_fork_only_its_own_positions(tiny, shared_data):
+    """adafuse/member/cache.py: the task's prefix is stored once per model, each example holds its context once
+    (its forks read it in place), so the KV per example in flight stays within two contexts' worth, and the
+    run's report says so (metrics.json `batching`)."""
+    nq = (shared_data / "adafuse_local_datasets/NaturalQuestions/dev/nq_prompt.txt").read_text() + "\n\n"
+    questions = ["who wrote hamlet", "where is the eiffel tower", "when did ww2 end", "what is the capital of peru"]
+    requests = [Request(nq + f"Question: {q}\nAnswer:", ("\n",), 12, prefix=nq) for q in questions * 2]
+    executor = Executor()
+    decoded = dict(tiny.decode_stream(enumerate(requests), batch_size=4, executor=executor))
+    report = executor.report()
+    for member in tiny.members:
+        how = report[member.name]
+        one_context = how["kv_bytes_per_token"] * how["longest_context"]
+        prefix = member.prefix_length(requests[0].prompt, nq, member.prompt_ids(requests[0].prompt))
+        assert how["kv_prefix_bytes"] == prefix * how["kv_bytes_per_token"]  # the prefix, stored once, frozen
+        assert 0 < how["kv_peak_bytes_per_example"] <= 2 * one_context, member.name
+        assert how["kv_peak_bytes"] <= 4 * 2 * one_context
+    for i, gen in decoded.items():
+        assert gen.text == tiny.decode(requests[i]).text
+
+
+def test_a_long_scoring_job_beside_decoding_examples_does_not_stall_them(tiny):
+    """`Ensemble.engine` (the server's loop): log-likelihoods are a job the engine steps beside the completions
+    (adafuse/methods/scoring.py), one pass at a time. While a long text is scored, the 8 completions go on
+    producing words: none waits for the scoring to end, as one did when scoring ran between two steps."""
+    spec, cfg = resolve_method("adafuse", {})
+    heard: dict[int, list[float]] = {i: [] for i in range(8)}
+    prompts = [f"Question: {q}?\nAnswer:" for q in ["2 + 3", "Who wrote Hamlet", "Where is Rome", "What is red"] * 2]
+    engine = tiny.engine(batch_size=9)
+    for i, prompt in enumerate(prompts):
+        listener = lambda text, i=i: heard[i].append(time.perf_counter())  # noqa: E731 - one per example
+        engine.submit(i, Job(Request(prompt, max_new_tokens=64), spec, cfg, listener))
+    for _ in range(3):
+        engine.step()  # the completions are under way before the scoring job arrives
+    text = " ".join(["The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun."] * 2)
+    words = text.split(" ")
+    pairs = tuple((" ".join(words[:k]), " " + words[k]) for k in range(1, len(words)))
+    engine.submit("scores", ScoreJob(pairs))
+    started, finished = time.perf_counter(), {}
+    while "scores" not in finished:
+        finished.update(engine.step())
+    ended = time.perf_counter()
+    while engine.busy:
+        finished.update(engine.step())
+    engine.close()
+    assert len(finished["scores"]) == len(pairs)
+    assert [s.logprob for s in finished["scores"][:3]] == [s.logprob for s in tiny.loglikelihood(list(pairs[:3]))]
+    # every completion that was still decoding heard new words all through the scoring: no gap as long as it
+    gaps = []
+    for times in heard.values():
+        during = [started] + [t for t in times if started < t < ended] + [ended]
+        if any(t > ended for t in times):  # still decoding when the scoring ended
+            gaps.append(max(b - a for a, b in zip(during, during[1:])))
+    assert gaps, "no completion was decoding while the text was scored"
+    assert max(gaps) < (ended - started) / 3, (max(gaps), ended - started)

@@ -1,7 +1,7 @@
-"""Batch size never changes an output: a merged pass computes every request exactly as it would be
-computed alone (adafuse/backend/tiles.py, adafuse/backend/split_pass.py), bit for bit, in bfloat16 (the dtype the paper's configs load)
-and float32, on the paper's pair in shape, with one multiply per linear layer whatever the number of
-requests (row tiles); and `single` at batch size 8 equals batch size 1 and transformers' own generate()."""
+"""Batch size never changes an output: a merged pass computes every request exactly as it would be computed alone
+(adafuse/backend/tiles.py, adafuse/backend/split_pass.py), bit for bit, in bfloat16 (the dtype the paper's configs
+load) and float32, on the paper's pair in shape, with one multiply per linear layer whatever the number of requests
+(row tiles); and `single` at batch size 8 equals batch size 1 and transformers' own generate()."""
 
 import pytest
 import torch
@@ -76,7 +76,7 @@ def test_what_exactness_fixes_the_stock_kernels_round_a_request_by_the_rows_besi
 
 
 def test_a_prompt_tail_read_in_a_merged_pass_gets_the_logits_and_cache_of_its_read_alone(pair):
-    """A step's last prompt shares the merged pass (adafuse/engine/planner.py `plan_passes`): its tail, read after a
+    """A step's last prompt shares the merged pass (adafuse/engine/planner.py `plan_step`): its tail, read after a
     stored prefix for the last position's logits alone, beside other examples' steps, is bit for bit its
     read alone, logits and cache, and the steps are their passes alone."""
     for member in pair.members:

@@ -20,8 +20,8 @@ PROBES = backend_for(torch.device("cpu")).probes
 
 
 class BlockCount:
-    """Counts the multiplies by one block of a weight of `vocab` rows, and by the whole of it, on every thread
-    (a kept thread may take some of a multiply's blocks: adafuse/backend/cpu/projection.py), and the threads of the blocks.
+    """Counts the multiplies by one block of a weight of `vocab` rows, and by the whole of it, on every thread (a kept
+    thread may take some of a multiply's blocks: adafuse/backend/cpu/projection.py), and the threads of the blocks.
     Blocks are multiplied in runs, one batched multiply each (`block_products`), or one F.linear each."""
 
     def __init__(self, vocab: int):

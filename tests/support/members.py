@@ -1,6 +1,6 @@
-"""Members and passes as the tests drive them (a decode through the method seam is oracles/fast.py's): one pass
-run by the member's backend as the engine runs it (`pass_alone`, `pass_merged`), member stand-ins (a narrowed sliding window, the
-real tokenizers over tiny random weights), and a hand-made tokenizer."""
+"""Members and passes as the tests drive them (a decode through the method seam is oracles/fast.py's): one pass run by
+the member's backend as the engine runs it (`pass_alone`, `pass_merged`), member stand-ins (a narrowed sliding window,
+the real tokenizers over tiny random weights), and a hand-made tokenizer."""
 
 import contextlib
 import copy
