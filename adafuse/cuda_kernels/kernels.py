@@ -36,17 +36,22 @@ What is verified where:
   its bfloat16 casts truncate, so there the kernels round by hand (`_cast`) to the GPU's round-to-nearest-even.
   TRITON_INTERPRET=1 must be set when the process starts: Triton wraps its own library when first imported, and
   torch imports it with torch._dynamo (custom ops do), so a process is interpreted or compiled throughout.
-- only on a GPU (tools/gpu_check): that the kernels compile at all (nothing here has been through Triton's GPU
-  compiler), their speed, and the bits of the compiled kernels on real hardware, tensor-core `tl.dot` included.
+- on the CPU, by Triton's GPU compiler (which needs no GPU; the same test file, in the suite's compiled process):
+  every kernel, with the arguments its op launches it with, compiles to a cubin for sm_80 (A100) and sm_90 (H100),
+  and in bfloat16 linear and attention multiply on tensor cores (mma.sync / wgmma, float32 accumulation).
+- only on a GPU (tools/gpu_check): their speed, and the bits of the compiled kernels on real hardware, tensor-core
+  `tl.dot` included (the interpreter's numpy matmul says nothing about an MMA's order within a tile).
   The check must compare, on the device and for each op at the engine's shapes (the paper pair's widths, 1 to 64
   and more rows, bfloat16), a row alone against the same row among others, as the tests here do, with inputs whose
   sums round differently in another order, and report per op whether the bits agree.
 
-Caveats: float32, bfloat16 and float16 only, all inputs of one dtype; rows are read with their row stride, but a
-last dimension whose stride is not 1 is copied first; `varlen_attention` takes any head dim (padded to a power of
-two, at least 16), cumulative lengths cu_q and cu_k of (requests + 1) entries on the device (int32; int64 are
-converted), a request's queries as its last positions (len_k >= len_q), and a sliding window only with causal
-attention. On the GPU a float32 `tl.dot` runs in IEEE float32 (no TF32), as F.linear does by default. No autograd.
+Caveats: float32, bfloat16 and float16 only; linear's x, weight and bias of one dtype, and attention's q, k and v
+(RMSNorm's weight may be of another: it is read as float32); outputs in x's (q's) dtype. Rows are read with their
+row stride, but a last dimension whose stride is not 1 is copied first. `varlen_attention` takes any head dim
+(padded to a power of two, at least 16), cumulative lengths cu_q and cu_k of (requests + 1) entries on the device
+(int32; int64 are converted), a request's queries as its last positions (len_k >= len_q), and a sliding window
+only with causal attention. On the GPU a float32 `tl.dot` runs in IEEE float32 (no TF32), as F.linear does by
+default. No autograd.
 """
 
 from __future__ import annotations
@@ -71,10 +76,15 @@ LINEAR_BLOCK_K = 64  # inner-dimension step: every tile sums K in these steps, f
 LINEAR_WARPS, LINEAR_STAGES = 4, 3
 NORM_BLOCK = 1024  # elements of a row per step of the RMSNorm reduction
 SOFTMAX_BLOCK = 2048  # elements of a row per step of log-softmax's max and sum
+ROW_WARPS = 4  # RMSNorm's and log-softmax's: with the block, the shape of the final sum's tree
 ATTENTION_BLOCK_M = 16  # query rows per program: a decoding request has one to a few
 ATTENTION_BLOCK_N = 64  # keys per step of the online softmax, counted from the request's first key
 ATTENTION_WARPS, ATTENTION_STAGES = 4, 2
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# No FMA contraction: a multiply and an add round apart, as in torch's eager ops and in the interpreter (numpy), and
+# a kernel's bits do not move with Triton's default (TRITON_DEFAULT_FP_FUSION, whose default Triton 3.10 changes).
+# tl.dot's own multiply-adds are not contractions and are unaffected.
+FP_FUSION = False
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -205,7 +215,7 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
             x2.stride(0), w.stride(0), y.stride(0),
             HAS_BIAS=bias is not None, UPCAST_DOT=upcast, IEEE_DOT=ieee, BY_HAND=interpreting(),
             BLOCK_M=LINEAR_BLOCK_M, BLOCK_N=LINEAR_BLOCK_N, BLOCK_K=LINEAR_BLOCK_K,
-            num_warps=LINEAR_WARPS, num_stages=LINEAR_STAGES,
+            num_warps=LINEAR_WARPS, num_stages=LINEAR_STAGES, enable_fp_fusion=FP_FUSION,
         )  # fmt: skip
     return y.reshape(*x.shape[:-1], n_out)
 
@@ -249,6 +259,7 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, 
             x2, weight.contiguous(), y, x2.shape[1], x2.stride(0), y.stride(0), float(eps), float(offset),
             CAST_BEFORE_WEIGHT=cast_before_weight, BY_HAND=interpreting(),
             BLOCK=min(NORM_BLOCK, triton.next_power_of_2(x2.shape[1])),
+            num_warps=ROW_WARPS, num_stages=1, enable_fp_fusion=FP_FUSION,
         )  # fmt: skip
     return y.reshape(x.shape)
 
@@ -287,7 +298,10 @@ def _log_softmax(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty_like(x2)
     if y.numel():
         block, by_hand = min(SOFTMAX_BLOCK, triton.next_power_of_2(x2.shape[1])), interpreting()
-        _log_softmax_kernel[(x2.shape[0],)](x2, y, x2.shape[1], x2.stride(0), y.stride(0), BY_HAND=by_hand, BLOCK=block)
+        _log_softmax_kernel[(x2.shape[0],)](
+            x2, y, x2.shape[1], x2.stride(0), y.stride(0), BY_HAND=by_hand, BLOCK=block,
+            num_warps=ROW_WARPS, num_stages=1, enable_fp_fusion=FP_FUSION,
+        )  # fmt: skip
     return y.reshape(x.shape)
 
 
@@ -398,7 +412,7 @@ def _varlen_attention(q, k, v, cu_q, cu_k, scale, causal, window, max_len_q):
             GROUP=q.shape[1] // k.shape[1], HEAD_DIM=q.shape[2], CAUSAL=causal, WINDOWED=window is not None,
             UPCAST_DOT=upcast, IEEE_DOT=ieee, BY_HAND=interpreting(),
             BLOCK_M=ATTENTION_BLOCK_M, BLOCK_N=ATTENTION_BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(q.shape[2])),
-            num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES,
+            num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES, enable_fp_fusion=FP_FUSION,
         )  # fmt: skip
     return out
 

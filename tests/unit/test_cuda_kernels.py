@@ -1,8 +1,9 @@
 """The CUDA backend's kernels (adafuse/cuda_kernels/kernels.py), run on this CPU through their registered torch ops
 under Triton's interpreter: a row's bits (a request's, for attention) alone equal its bits among 1 to 64 others at
 the first, a middle and the last place; each kernel agrees with torch's own within float32 and bfloat16
-tolerances; and the stock kernel that motivates them (F.linear on this CPU) does not keep a row's bits. The bits of
-the compiled kernels on a GPU are the GPU check's to confirm (tools/gpu_check).
+tolerances; and the stock kernel that motivates them (F.linear on this CPU) does not keep a row's bits. Besides,
+Triton's GPU compiler (no GPU needed) compiles each kernel as its op launches it for the A100 and the H100. The
+bits of the compiled kernels on a GPU are the GPU check's to confirm (tools/gpu_check).
 
 Triton reads TRITON_INTERPRET when it wraps a function, its own library's included, and those are wrapped when
 triton is first imported: by torch itself as soon as anything imports torch._dynamo (registering a custom op does),
@@ -139,6 +140,59 @@ def attention_args():
 def test_the_registered_ops_pass_torch_library_checks(kernels, op, args):
     """Schema, and the fake (meta) kernel's shapes against the real kernel's (torch.library.opcheck)."""
     torch.library.opcheck(getattr(torch.ops.adafuse, op).default, args(), test_utils=("test_schema", "test_faketensor"))
+
+
+LAUNCHED_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32"}
+
+
+def launches(kernels, monkeypatch, dtype) -> list:
+    """(kernel, positional arguments, keyword arguments) of each launch the ops make, recorded, not run: linear with
+    and without bias, both RMSNorm formulas, log-softmax, attention causal with a window and without a mask."""
+    made = []
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: made.append((self.kernel, args, kwargs))
+
+    monkeypatch.setattr(kernels, "_launchable", lambda *tensors: None)  # CPU tensors, never launched
+    for name in ("_linear_kernel", "_rms_norm_kernel", "_log_softmax_kernel", "_attention_kernel"):
+        monkeypatch.setattr(kernels, name, Recorder(getattr(kernels, name)))
+    x, weight = random(3, 96, dtype=dtype), random(80, 96, dtype=dtype)
+    kernels._linear(x, weight, random(80, dtype=dtype))
+    kernels._linear(x, weight, None)
+    kernels._rms_norm(x, random(96, dtype=dtype), 1e-6, 0.0, True)
+    kernels._rms_norm(x, random(96, dtype=dtype), 1e-6, 1.0, False)
+    kernels._log_softmax(x)
+    q, k = random(5, 4, 128, dtype=dtype), random(9, 2, 128, dtype=dtype)
+    cu_q, cu_k = torch.tensor([0, 2, 5]), torch.tensor([0, 4, 9])
+    kernels._varlen_attention(q, k, k, cu_q, cu_k, 0.1, True, 4, None)
+    kernels._varlen_attention(q, k, k, cu_q, cu_k, 0.1, False, None, None)
+    monkeypatch.undo()
+    return made
+
+
+@compiled
+@pytest.mark.parametrize("dtype, capability", [(torch.bfloat16, 80), (torch.bfloat16, 90), (torch.float32, 90)])
+def test_the_kernels_compile_for_a100_and_h100(kernels, monkeypatch, dtype, capability):
+    """Triton's GPU compiler needs no GPU: each kernel, with the very arguments its op launches it with, compiles to
+    a cubin for the A100 (sm_80) or the H100 (sm_90), and in bfloat16 the linear layer and attention multiply on
+    tensor cores."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    for kernel, args, kwargs in launches(kernels, monkeypatch, dtype):
+        signature = {name: LAUNCHED_TYPES[value.dtype] if isinstance(value, torch.Tensor) else
+                     {int: "i32", float: "fp32"}[type(value)]
+                     for name, value in zip(kernel.arg_names, args)}  # fmt: skip
+        options = {name: kwargs.pop(name) for name in ("num_warps", "num_stages", "enable_fp_fusion")}
+        source = ASTSource(kernel, signature | dict.fromkeys(kwargs, "constexpr"), constexprs=kwargs)
+        ptx = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options).asm["ptx"]
+        if kernel in (kernels._linear_kernel, kernels._attention_kernel) and dtype == torch.bfloat16:
+            assert ".f32.bf16.bf16" in ptx  # mma.sync (sm_80) or wgmma (sm_90) on bfloat16, accumulating in float32
 
 
 def test_fake_kernels_give_output_shapes_without_running():
