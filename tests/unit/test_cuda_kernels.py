@@ -1,5 +1,5 @@
 """The CUDA backend's kernels (adafuse/cuda_kernels/kernels.py), run on this CPU through their registered torch ops
-under Triton's interpreter: a row's bits (a request's, for attention) alone equal its bits among 1 to 64 others at
+under Triton's interpreter: a row's bits (a request's, for attention) alone equal its bits among 1 to 64 rows, at
 the first, a middle and the last place; each kernel agrees with torch's own within float32 and bfloat16
 tolerances; and the stock kernel that motivates them (F.linear on this CPU) does not keep a row's bits. Besides,
 Triton's GPU compiler (no GPU needed) compiles each kernel as its op launches it for the A100 and the H100. The
@@ -55,7 +55,10 @@ def test_kernels_under_the_interpreter(require):
     child = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=CHILD_SECONDS)
     report = child.stdout[-8000:] + child.stderr[-2000:]
     assert child.returncode == 0, report
-    assert " passed" in report and " skipped" not in report and " deselected" not in report, report
+    assert " passed" in report and " deselected" not in report, report
+    # the one skip allowed: the stock control, on a machine whose F.linear happens to keep a row's bits
+    skips = [line for line in report.splitlines() if line.startswith("SKIPPED") and "no control to show" not in line]
+    assert not skips, report
 
 
 @pytest.fixture(scope="module")
