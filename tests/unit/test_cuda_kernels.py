@@ -1,0 +1,405 @@
+"""The CUDA backend's kernels (adafuse/cuda_kernels/kernels.py), run on this CPU through their registered torch ops
+under Triton's interpreter: a row's bits (a request's, for attention) alone equal its bits among 1 to 64 rows, at
+the first, a middle and the last place; each kernel agrees with torch's own within float32 and bfloat16
+tolerances; and the stock kernel that motivates them (F.linear on this CPU) does not keep a row's bits. Besides,
+Triton's GPU compiler (no GPU needed) compiles each kernel as its op launches it for the A100 and the H100. The
+bits of the compiled kernels on a GPU are the GPU check's to confirm (tools/gpu_check).
+
+Triton reads TRITON_INTERPRET when it wraps a function, its own library's included, and those are wrapped when
+triton is first imported: by torch itself as soon as anything imports torch._dynamo (registering a custom op does),
+so in the suite's processes, long before this file. Setting the variable here would come too late. So the tests
+below are collected only in a process started with TRITON_INTERPRET=1 (`@interpreted`), and in any other,
+`test_kernels_under_the_interpreter` runs this file again in such a process and fails with its report. One run,
+whichever worker takes it: `TRITON_INTERPRET=1 pytest -n 0 tests/unit/test_cuda_kernels.py` runs them directly.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from adafuse.cuda_kernels import available
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "").strip().lower() in {"1", "true", "yes", "on"}
+COUNTS = (1, 2, 3, 7, 16, 33, 64)  # rows (requests) in a call
+DTYPES = (torch.float32, torch.bfloat16)
+# Within dtype tolerances: float32 sums in another order than torch; bfloat16 rounds its outputs once or twice.
+TOLERANCE = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2}}
+CHILD_SECONDS = 600  # the whole file, interpreted: about 30 s on 2 shared cores
+
+
+def interpreted(test):
+    """Collected only in a process whose Triton interprets (see the module's docstring)."""
+    test.__test__ = INTERPRETED
+    return test
+
+
+def compiled(test):
+    """Collected only in a process whose Triton compiles, as the suite's (the child runs the others)."""
+    test.__test__ = not INTERPRETED
+    return test
+
+
+@compiled
+def test_kernels_under_the_interpreter(require):
+    """This file's tests, in a child process started with TRITON_INTERPRET=1; its report on failure."""
+    require(available(), "triton")
+    hidden = {"PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_CURRENT_TEST"}  # the child is no worker
+    env = {name: value for name, value in os.environ.items() if name not in hidden} | {"TRITON_INTERPRET": "1"}
+    command = [sys.executable, "-m", "pytest", "-n", "0", "-q", "-p", "no:cacheprovider", "--durations=5", __file__]
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=CHILD_SECONDS)
+    report = child.stdout[-8000:] + child.stderr[-2000:]
+    assert child.returncode == 0, report
+    assert " passed" in report and " deselected" not in report, report
+    # the one skip allowed: the stock control, on a machine whose F.linear happens to keep a row's bits
+    skips = [line for line in report.splitlines() if line.startswith("SKIPPED") and "no control to show" not in line]
+    assert not skips, report
+
+
+@pytest.fixture(scope="module")
+def kernels(require):
+    require(available(), "triton")
+    from adafuse.cuda_kernels import kernels
+
+    return kernels
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
+
+
+def assert_same_bits(alone: torch.Tensor, among: torch.Tensor, what: str) -> None:
+    assert alone.dtype == among.dtype and alone.shape == among.shape, what
+    assert torch.equal(bits(alone), bits(among)), f"{what}: differs by up to {(alone - among).abs().max().item()}"
+
+
+def places(n: int) -> list[int]:
+    """The first, a middle and the last place among n."""
+    return sorted({0, n // 2, n - 1})
+
+
+def random(*shape: int, dtype=torch.float32, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def spread(*shape: int, dtype=torch.float32, seed: int = 0) -> torch.Tensor:
+    """Random values of magnitudes from 1e-3 to 1e3, so that a sum of their squares rounds differently in another
+    order (plain random values of one size often round alike, and would hide a changed order)."""
+    generator = torch.Generator().manual_seed(seed)
+    magnitudes = 10 ** (6 * torch.rand(*shape, generator=generator) - 3)
+    return (torch.randn(*shape, generator=generator) * magnitudes).to(dtype)
+
+
+def check_rows(op, probe: torch.Tensor, filler: torch.Tensor, counts=COUNTS) -> None:
+    """op(rows)'s row for `probe` alone equals it at every place of batches of `counts` rows (the rest: filler)."""
+    alone = op(probe[None])[0]
+    for n in counts:
+        batch = filler[:n].clone()
+        batch[places(n)] = probe
+        out = op(batch)
+        for i in places(n):
+            assert_same_bits(alone, out[i], f"row {i} of {n}")
+
+
+# --- the ops are registered and run interpreted ---------------------------------------------------------------------
+
+
+@interpreted
+def test_the_ops_run_interpreted(kernels):
+    from triton.runtime.interpreter import InterpretedFunction
+
+    assert kernels.interpreting() and isinstance(kernels._linear_kernel, InterpretedFunction)
+    assert kernels.log_softmax(random(2, 8)).shape == (2, 8)
+
+
+@compiled
+def test_a_cpu_tensor_needs_the_interpreter(kernels):
+    """Where Triton compiles (the suite's processes), an op on CPU tensors says how to run it on the CPU."""
+    assert not kernels.interpreting()
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        kernels.log_softmax(random(2, 8))
+
+
+def attention_args():
+    q, k, v = random(5, 4, 16), random(9, 2, 16, seed=1), random(9, 2, 16, seed=2)
+    return q, k, v, torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32), 0.25
+
+
+@interpreted
+@pytest.mark.parametrize(
+    "op, args",
+    [
+        ("linear", lambda: (random(3, 20), random(17, 20, seed=1), random(17, seed=2))),
+        ("rms_norm", lambda: (random(3, 20), random(20, seed=1), 1e-6, 1.0, False)),
+        ("log_softmax", lambda: (random(3, 20),)),
+        ("varlen_attention", lambda: (*attention_args(), True, 3, None)),
+    ],
+)
+def test_the_registered_ops_pass_torch_library_checks(kernels, op, args):
+    """Schema, and the fake (meta) kernel's shapes against the real kernel's (torch.library.opcheck)."""
+    torch.library.opcheck(getattr(torch.ops.adafuse, op).default, args(), test_utils=("test_schema", "test_faketensor"))
+
+
+LAUNCHED_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32"}
+
+
+def launches(kernels, monkeypatch, dtype) -> list:
+    """(kernel, positional arguments, keyword arguments) of each launch the ops make, recorded, not run: linear with
+    and without bias, both RMSNorm formulas, log-softmax, attention causal with a window and without a mask."""
+    made = []
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: made.append((self.kernel, args, kwargs))
+
+    monkeypatch.setattr(kernels, "_launchable", lambda *tensors: None)  # CPU tensors, never launched
+    for name in ("_linear_kernel", "_rms_norm_kernel", "_log_softmax_kernel", "_attention_kernel"):
+        monkeypatch.setattr(kernels, name, Recorder(getattr(kernels, name)))
+    x, weight = random(3, 96, dtype=dtype), random(80, 96, dtype=dtype)
+    kernels._linear(x, weight, random(80, dtype=dtype))
+    kernels._linear(x, weight, None)
+    kernels._rms_norm(x, random(96, dtype=dtype), 1e-6, 0.0, True)
+    kernels._rms_norm(x, random(96, dtype=dtype), 1e-6, 1.0, False)
+    kernels._log_softmax(x)
+    q, k = random(5, 4, 128, dtype=dtype), random(9, 2, 128, dtype=dtype)
+    cu_q, cu_k = torch.tensor([0, 2, 5]), torch.tensor([0, 4, 9])
+    kernels._varlen_attention(q, k, k, cu_q, cu_k, 0.1, True, 4, None)
+    kernels._varlen_attention(q, k, k, cu_q, cu_k, 0.1, False, None, None)
+    monkeypatch.undo()
+    return made
+
+
+@compiled
+@pytest.mark.parametrize("dtype, capability", [(torch.bfloat16, 80), (torch.bfloat16, 90), (torch.float32, 90)])
+def test_the_kernels_compile_for_a100_and_h100(kernels, monkeypatch, dtype, capability):
+    """Triton's GPU compiler needs no GPU: each kernel, with the very arguments its op launches it with, compiles to
+    a cubin for the A100 (sm_80) or the H100 (sm_90), and in bfloat16 the linear layer and attention multiply on
+    tensor cores."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    for kernel, args, kwargs in launches(kernels, monkeypatch, dtype):
+        signature = {name: LAUNCHED_TYPES[value.dtype] if isinstance(value, torch.Tensor) else
+                     {int: "i32", float: "fp32"}[type(value)]
+                     for name, value in zip(kernel.arg_names, args)}  # fmt: skip
+        options = {name: kwargs.pop(name) for name in ("num_warps", "num_stages", "enable_fp_fusion")}
+        source = ASTSource(kernel, signature | dict.fromkeys(kwargs, "constexpr"), constexprs=kwargs)
+        ptx = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options).asm["ptx"]
+        if kernel in (kernels._linear_kernel, kernels._attention_kernel) and dtype == torch.bfloat16:
+            assert ".f32.bf16.bf16" in ptx  # mma.sync (sm_80) or wgmma (sm_90) on bfloat16, accumulating in float32
+
+
+def test_fake_kernels_give_output_shapes_without_running():
+    """Meta tensors run no kernel, and need no triton: anywhere, in any process."""
+    from adafuse.cuda_kernels import kernels
+
+    meta = torch.empty(5, 7, 96, device="meta")
+    assert kernels.linear(meta, torch.empty(80, 96, device="meta")).shape == (5, 7, 80)
+    assert kernels.rms_norm(meta, torch.empty(96, device="meta"), 1e-6).shape == meta.shape
+    assert kernels.log_softmax(meta).shape == meta.shape
+    q, k = torch.empty(6, 8, 64, device="meta"), torch.empty(20, 2, 64, device="meta")
+    cu = torch.empty(3, dtype=torch.int32, device="meta")
+    assert kernels.varlen_attention(q, k, k, cu, cu, 0.125).shape == q.shape
+
+
+# --- linear ---------------------------------------------------------------------------------------------------------
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_row_alone_equals_it_among_others(kernels, dtype):
+    """In 150 (three inner-dimension steps, the last partial) out 80 (two column tiles); 100 rows: two row tiles."""
+    weight, bias = random(80, 150, dtype=dtype, seed=1), random(80, dtype=dtype, seed=2)
+    check_rows(lambda x: kernels.linear(x, weight, bias), random(150, dtype=dtype, seed=3),
+               random(100, 150, dtype=dtype, seed=4), COUNTS + (100,))  # fmt: skip
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_is_torchs_within_tolerance(kernels, dtype):
+    x, weight, bias = random(2, 5, 150, dtype=dtype), random(80, 150, dtype=dtype, seed=1), random(80, dtype=dtype)
+    torch.testing.assert_close(kernels.linear(x, weight, bias), F.linear(x, weight, bias), **TOLERANCE[dtype])
+    torch.testing.assert_close(kernels.linear(x, weight), F.linear(x, weight), **TOLERANCE[dtype])
+
+
+@interpreted
+def test_stock_linear_differs_by_row_count_here_and_the_kernel_does_not(kernels):
+    """The control: on this CPU torch's float32 F.linear (MKL) picks its kernel by the number of rows, so a row
+    alone and the same row among 8 differ in their last bits; the kernel's do not. Where the stock multiply keeps a
+    row's bits (another BLAS), there is nothing to show and the test says so."""
+    x, weight = random(8, 96), random(80, 96, seed=1)
+    if torch.equal(bits(F.linear(x[:1], weight)), bits(F.linear(x, weight)[:1])):
+        pytest.skip("torch's F.linear keeps a row's bits among 8 rows on this machine: no control to show")
+    assert_same_bits(kernels.linear(x[:1], weight), kernels.linear(x, weight)[:1], "kernel: row 0 alone vs among 8")
+
+
+# --- RMSNorm ----------------------------------------------------------------------------------------------------------
+
+
+def llama_rms_norm(x, weight, eps):
+    """transformers' LlamaRMSNorm.forward (Mistral's is the same)."""
+    hidden = x.to(torch.float32)
+    hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * hidden.to(x.dtype)
+
+
+def gemma_rms_norm(x, weight, eps):
+    """transformers' Gemma3RMSNorm.forward."""
+    hidden = x.float()
+    hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + eps)
+    return (hidden * (1.0 + weight.float())).type_as(x)
+
+
+FORMULAS = {  # name: (kernel arguments offset, cast_before_weight; reference; weight around 1 as each model's)
+    "llama": ((0.0, True), llama_rms_norm, 1.0),
+    "gemma3": ((1.0, False), gemma_rms_norm, 0.0),
+}
+
+
+@interpreted
+@pytest.mark.parametrize("dtype, formula", [(torch.float32, "gemma3"), (torch.bfloat16, "llama")])
+def test_rms_norm_row_alone_equals_it_among_others(kernels, dtype, formula):
+    """Rows of 1100: two reduction steps of 1024, the last partial. (The formulas differ after the reduction, one
+    element at a time: each dtype with one of them.)"""
+    (offset, cast_first), _, around = FORMULAS[formula]
+    weight = (around + 0.1 * random(1100, seed=1)).to(dtype)
+    check_rows(lambda x: kernels.rms_norm(x, weight, 1e-6, offset, cast_first), spread(1100, dtype=dtype, seed=2),
+               spread(64, 1100, dtype=dtype, seed=3))  # fmt: skip
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("formula", FORMULAS)
+def test_rms_norm_is_hugging_faces_within_tolerance(kernels, dtype, formula):
+    """Within tolerance, and in bfloat16 nearly every element bit for bit: the kernel rounds where the formula
+    does (the other formula, one rounding more or less, differs in some tenth of the elements)."""
+    (offset, cast_first), reference, around = FORMULAS[formula]
+    x, weight = 3 * random(2, 3, 1100, dtype=dtype), (around + 0.1 * random(1100, seed=1)).to(dtype)
+    got, expected = kernels.rms_norm(x, weight, 1e-6, offset, cast_first), reference(x, weight, 1e-6)
+    torch.testing.assert_close(got, expected, **TOLERANCE[dtype])
+    if dtype == torch.bfloat16:
+        assert (bits(got) == bits(expected)).float().mean() > 0.99
+
+
+# --- log-softmax ------------------------------------------------------------------------------------------------------
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_log_softmax_row_alone_equals_it_among_others(kernels, dtype):
+    """Rows of 3000: two steps of 2048, the last partial."""
+    check_rows(kernels.log_softmax, 4 * random(3000, dtype=dtype), 4 * random(64, 3000, dtype=dtype, seed=1))
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_log_softmax_is_torchs_within_tolerance(kernels, dtype):
+    """float32 inside whatever the dtype, as the engine's upcast logits; masked entries (-inf) stay -inf."""
+    x = 4 * random(3, 3000, dtype=dtype)
+    x[1, ::7] = float("-inf")
+    expected = torch.log_softmax(x.float(), dim=-1).to(dtype)
+    torch.testing.assert_close(kernels.log_softmax(x), expected, **TOLERANCE[dtype])
+
+
+# --- attention over requests packed end to end ----------------------------------------------------------------------
+
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 32
+
+
+def request(len_q: int, len_k: int, dtype, seed: int, heads: tuple[int, int] = (HEADS, KV_HEADS)):
+    """One request's queries (its last len_q positions) and its len_k keys and values."""
+    return tuple(random(n, h, HEAD_DIM, dtype=dtype, seed=seed + i) for i, (n, h) in
+                 enumerate([(len_q, heads[0]), (len_k, heads[1]), (len_k, heads[1])]))  # fmt: skip
+
+
+def packed(requests):
+    """The requests end to end: q, k, v and the cumulative lengths."""
+    q, k, v = (torch.cat(parts) for parts in zip(*requests))
+
+    def cumulative(lengths):
+        return torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+    return q, k, v, cumulative([r[0].shape[0] for r in requests]), cumulative([r[1].shape[0] for r in requests])
+
+
+def unpacked(out, requests):
+    return out.split([r[0].shape[0] for r in requests])
+
+
+def reference_attention(q, k, v, scale, causal, window):
+    """One request by torch's SDPA in float32, grouped-query heads repeated as transformers' repeat_kv does."""
+    len_q, len_k = q.shape[0], k.shape[0]
+    at = torch.arange(len_k - len_q, len_k)[:, None]  # each query's key position
+    keys = torch.arange(len_k)[None, :]
+    seen = torch.ones(len_q, len_k, dtype=torch.bool)
+    if causal:
+        seen &= keys <= at
+    if window is not None:
+        seen &= keys > at - window
+    heads = q.shape[1]
+    q, k, v = (t.float().repeat_interleave(heads // t.shape[1], 1).transpose(0, 1) for t in (q, k, v))  # (heads, n, d)
+    return F.scaled_dot_product_attention(q, k, v, seen, scale=scale).transpose(0, 1)
+
+
+# (queries, keys) per request. (40, 100) with the window: rows 16 to 31 share a block whose first key block is
+# wholly out of its last rows' windows (a query that has seen no key yet must stay at zero, not NaN)
+SHAPES = [(1, 70), (3, 150), (2, 9), (5, 5), (1, 1), (4, 64), (2, 130), (40, 100)]
+MODES = {"causal": (True, None), "window": (True, 24), "full": (False, None)}
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", MODES)
+def test_varlen_attention_is_sdpa_per_request_within_tolerance(kernels, dtype, mode):
+    causal, window = MODES[mode]
+    requests = [request(len_q, len_k, dtype, seed=10 * i) for i, (len_q, len_k) in enumerate(SHAPES)]
+    out = kernels.varlen_attention(*packed(requests), HEAD_DIM**-0.5, causal, window)
+    for (q, k, v), got in zip(requests, unpacked(out, requests), strict=True):
+        expected = reference_attention(q, k, v, HEAD_DIM**-0.5, causal, window).to(dtype)
+        torch.testing.assert_close(got, expected, **TOLERANCE[dtype])
+
+
+@interpreted
+@pytest.mark.parametrize("dtype, mode", [(torch.float32, "causal"), (torch.bfloat16, "window")])
+def test_varlen_attention_request_alone_equals_it_among_others(kernels, dtype, mode):
+    """A request of 3 queries over 150 keys (three key blocks, the last partial), alone and among 1 to 64 requests
+    of 1 to 3 queries over 1 to 80 keys; two query heads on one kv head (fewer programs for the interpreter)."""
+    causal, window = MODES[mode]
+    probe = request(3, 150, dtype, seed=1000, heads=(2, 1))
+    lengths = torch.randint(1, 4, (64,), generator=torch.Generator().manual_seed(0)).tolist()
+    filler = [request(len_q, len_q + 5 * i % 78, dtype, seed=10 * i, heads=(2, 1)) for i, len_q in enumerate(lengths)]
+
+    def attend(requests):
+        out = kernels.varlen_attention(*packed(requests), HEAD_DIM**-0.5, causal, window, max_len_q=3)
+        return unpacked(out, requests)
+
+    alone = attend([probe])[0]
+    for n in COUNTS:
+        requests = list(filler[:n])
+        for i in places(n):
+            requests[i] = probe
+        outs = attend(requests)
+        for i in places(n):
+            assert_same_bits(alone, outs[i], f"request {i} of {n}")
+
+
+@interpreted
+@pytest.mark.parametrize("causal, window", [(True, None), (True, 4), (False, None)])
+def test_a_querys_bits_do_not_depend_on_its_requests_query_count(kernels, causal, window):
+    """The last query of a request of 5 queries over 132 keys equals it as the request's only query (same keys):
+    its masked keys add exact zeros. With a window of 4, the 5 queries' block starts at key 64, wholly outside the
+    last query's window (keys 128 to 131), where the query alone starts at key 128."""
+    q, k, v = request(5, 132, torch.bfloat16, seed=7)
+    cu_k = torch.tensor([0, 132], dtype=torch.int32)
+    five = kernels.varlen_attention(q, k, v, torch.tensor([0, 5], dtype=torch.int32), cu_k, 0.2, causal, window)
+    one = kernels.varlen_attention(q[-1:], k, v, torch.tensor([0, 1], dtype=torch.int32), cu_k, 0.2, causal, window)
+    assert_same_bits(one[0], five[-1], "last query alone vs among 5")
