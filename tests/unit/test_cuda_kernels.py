@@ -1,4 +1,4 @@
-"""The CUDA backend's kernels (adafuse/cuda_kernels/kernels.py), run on this CPU through their registered torch ops
+"""The CUDA backend's kernels (adafuse/backend/cuda/kernels.py), run on this CPU through their registered torch ops
 under Triton's interpreter: a row's bits (a request's, for attention) alone equal its bits among 1 to 64 rows, at
 the first, a middle and the last place; each kernel agrees with torch's own within float32 and bfloat16
 tolerances; and the stock kernel that motivates them (F.linear on this CPU) does not keep a row's bits. Besides,
@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adafuse.cuda_kernels import available
+from adafuse.backend.cuda import available
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "").strip().lower() in {"1", "true", "yes", "on"}
 COUNTS = (1, 2, 3, 7, 16, 33, 64)  # rows (requests) in a call
@@ -64,7 +64,7 @@ def test_kernels_under_the_interpreter(require):
 @pytest.fixture(scope="module")
 def kernels(require):
     require(available(), "triton")
-    from adafuse.cuda_kernels import kernels
+    from adafuse.backend.cuda import kernels
 
     return kernels
 
@@ -200,7 +200,7 @@ def test_the_kernels_compile_for_a100_and_h100(kernels, monkeypatch, dtype, capa
 
 def test_fake_kernels_give_output_shapes_without_running():
     """Meta tensors run no kernel, and need no triton: anywhere, in any process."""
-    from adafuse.cuda_kernels import kernels
+    from adafuse.backend.cuda import kernels
 
     meta = torch.empty(5, 7, 96, device="meta")
     assert kernels.linear(meta, torch.empty(80, 96, device="meta")).shape == (5, 7, 80)

@@ -96,7 +96,7 @@ def _jit(**options):
 
 def _require_triton() -> None:
     if triton is None:
-        raise RuntimeError("the adafuse::* kernels need triton (pip install triton; adafuse.cuda_kernels.available())")
+        raise RuntimeError("the adafuse::* kernels need triton (pip install triton; adafuse.backend.cuda.available())")
 
 
 @functools.cache
