@@ -152,26 +152,32 @@ def decode(s: Session, cfg: SweetSpanConfig):
     """Decode the session's request with its members (K >= 1), one span per round (a program: every
     member's proposal and scores in the same engine steps)."""
     while not s.done:
-        round_idx = s.rounds
-        spans = yield from together([propose_span(m, cfg, s.text, s.stop) for m in s.members])
-        pool = build_pool([[span] for span in spans])
-        yield from score_pool(s.members, s.text, pool, round_idx)
-        fused, kept = fused_scores([[score.nll for score in c.scores] for c in pool], cfg)
-        winner = choose_winner(fused)
-        if s.tracing:
-            spans = [
-                SpanCandidate(c.text, c.eos, c.proposers, c.words, c.scores, keep, f)
-                for c, keep, f in zip(pool, kept, fused)
-            ]
-            s.log(SpanRound(round_idx, spans, winner))
-        commit(s, pool[winner])
+        yield from one_round(s, cfg)
+
+
+def one_round(s: Session, cfg: SweetSpanConfig):
+    """Every member's span, every member's scores of the pool, the winner committed (a program); the round's forks
+    end with it, not at the next round's pool."""
+    round_idx = s.rounds
+    spans = yield from together([propose_span(m, cfg, s.text, s.stop) for m in s.members])
+    pool = build_pool([[span] for span in spans])
+    yield from score_pool(s.members, s.text, pool, round_idx)
+    fused, kept = fused_scores([[score.nll for score in c.scores] for c in pool], cfg)
+    winner = choose_winner(fused)
+    if s.tracing:
+        spans = [
+            SpanCandidate(c.text, c.eos, c.proposers, c.words, c.scores, keep, f)
+            for c, keep, f in zip(pool, kept, fused)
+        ]
+        s.log(SpanRound(round_idx, spans, winner))
+    commit(s, pool[winner])
 
 
 def propose_span(m, cfg: SweetSpanConfig, generated: str, stop: tuple[str, ...]):
-    """Member m's span, a Proposal (a program): up to `span_words` greedy words after the shared text `shared`
-    (spec §2's word rule).
+    """Member m's span, a Proposal (a program): up to `span_words` greedy words after the generated text
+    `generated` (spec §2's word rule).
 
-    The span ends early at end-of-sequence, at a word cut at the token cap, or as soon as `shared` +
+    The span ends early at end-of-sequence, at a word cut at the token cap, or as soon as `generated` +
     span holds a stop string (nothing after it could be output): at the word that completes it, or,
     when a word's first token already completes it, at that token alone (read as a one-token word).
     """

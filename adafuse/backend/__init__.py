@@ -14,8 +14,10 @@ A pass is one of three kinds:
 - MERGED: several reads to the same weights in one packed pass, each computed as alone
   (adafuse/backend/split_pass.py).
 
-Backends (`backend_for`): `CpuExactBackend` (adafuse/backend/cpu/) on the CPU; elsewhere `ExactBackend`
-(adafuse/backend/exact.py), the same row tiles and per-request attention with one pass after another.
+Backends (`backend_for`): `CpuExactBackend` (adafuse/backend/cpu/) on the CPU; `CudaBackend`
+(adafuse/backend/cuda/) on a GPU: each layer in one call, with batch-invariant kernels of its own where the GPU's
+do not keep a row's bits, and said so where neither does; `ExactBackend` (adafuse/backend/exact.py) elsewhere: the
+CPU's row tiles and per-request attention, one pass after another.
 """
 
 import threading
@@ -52,5 +54,12 @@ def backend_for(device: torch.device | str) -> Backend:
     key = torch.device(device).type
     with _BACKENDS_LOCK:
         if key not in _BACKENDS:
-            _BACKENDS[key] = CpuExactBackend() if key == "cpu" else ExactBackend(key)
+            if key == "cpu":
+                _BACKENDS[key] = CpuExactBackend()
+            elif key == "cuda":
+                from adafuse.backend.cuda.backend import CudaBackend  # imports triton (through its kernels): late
+
+                _BACKENDS[key] = CudaBackend()
+            else:
+                _BACKENDS[key] = ExactBackend(key)
         return _BACKENDS[key]

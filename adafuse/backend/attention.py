@@ -15,6 +15,7 @@ a backend that has one that does may route a packed pass through it instead.
 """
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -43,6 +44,7 @@ class Span:
     start: int = 0  # its first position in the packed row
     count: int = 0  # its live positions there
     live: torch.Tensor | None = None  # their flat indices (row * width + position); None: all
+    lengths: tuple[int, ...] = ()  # each row's live positions (the first of its width), row after row
 
     @property
     def batch(self) -> int:
@@ -52,11 +54,14 @@ class Span:
 @dataclass
 class SplitPass:
     """A packed pass's requests, and the layer being run: each request's new keys and values, handed to its own
-    cache by `SplitLayer` and read back, grown, just before its attention runs (`attention`)."""
+    cache by `SplitLayer` and read back, grown, just before its attention runs (`attention`). `one_call`: a
+    backend's attention over every request at once, `one_call(module, query, split, kwargs) -> (output, None)`,
+    for the layers where it says it can (None from it: per request, as without)."""
 
     spans: list[Span]
     longest: int  # the longest request's cached positions before the pass
     pending: list = field(default_factory=list)  # per request: (its cache layer, its new keys, its new values)
+    one_call: Callable | None = None
 
 
 def split_attention(model) -> bool:
@@ -86,6 +91,10 @@ def _attention(original):
         split = current().split
         if split is None:
             return original(module, query, key, value, attention_mask, **kwargs)
+        if split.one_call is not None:
+            done = split.one_call(module, query, split, kwargs)
+            if done is not None:
+                return done
         out = query.new_empty(1, query.shape[2], query.shape[1], value.shape[-1])
         for s, (own, new_keys, new_values) in zip(split.spans, split.pending, strict=True):
             own_keys, own_values = own.update(new_keys, new_values)

@@ -15,7 +15,7 @@ import torch
 from adafuse.backend.attention import split_attention
 from adafuse.backend.forward import ForwardContext, forward_context
 from adafuse.backend.interface import ALONE, MERGED, PREFIX, Backend, Execution, Pass, Prepared, Ran, Read
-from adafuse.backend.live import packed_logits, padded_rows
+from adafuse.backend.live import on_device, packed_logits, padded_rows
 from adafuse.backend.probe_store import ProbeStore
 from adafuse.backend.split_pass import merged_pass
 from adafuse.backend.tiles import KernelProbes, register_probes, tile_linear_layers
@@ -71,7 +71,7 @@ class ExactBackend(Backend):
                 (read,) = p.reads
                 kwargs = {p.model.body_cache_arg: read.cache}
                 with forward_context(context):
-                    p.model.body(input_ids=read.input_ids, use_cache=True, **kwargs)
+                    p.model.body(input_ids=on_device(read.input_ids, p.model.device), use_cache=True, **kwargs)
                 results = [None]
             elif p.kind == ALONE:
                 (read,) = p.reads
@@ -96,8 +96,18 @@ class ExactBackend(Backend):
 
         return int(psutil.virtual_memory().available * MEMORY_SHARE)
 
-    def describe(self) -> dict:
-        return {"name": self.name, "batch_invariant": True}
+    def describe(self, model: Prepared, exact: bool) -> dict:
+        return {
+            "backend": self.name,
+            "batch_invariant": exact,
+            "failing": [] if exact else ["linear (stock kernels asked: batch_exact=false)"],
+            "ops": {
+                "linear": "row_tiles" if exact else "stock",
+                "rms_norm": "per_position",
+                "log_softmax": "per_read",
+                "attention": "per_request" if model.splits_attention else "alone",
+            },
+        }
 
 
 def alone_pass(model: Prepared, read: Read, context: ForwardContext) -> torch.Tensor:
@@ -110,7 +120,7 @@ def alone_pass(model: Prepared, read: Read, context: ForwardContext) -> torch.Te
     width = read.input_ids.shape[1]
     live = padded_rows(read.lengths, width, model.device)
     with forward_context(replace(context, live=live)):
-        logits = model.model(input_ids=read.input_ids, use_cache=True, **kwargs).logits
+        logits = model.model(input_ids=on_device(read.input_ids, model.device), use_cache=True, **kwargs).logits
     return logits.float() if read.lengths is None else packed_logits(logits, read.lengths, width).float()
 
 

@@ -24,6 +24,7 @@ class ForwardContext:
     live: Any = None  # adafuse.backend.live.LivePositions: the positions whose rows are multiplied, and logits made
     split: Any = None  # adafuse.backend.attention.SplitPass: a packed pass whose attention runs per request
     share: Any = None  # adafuse.backend.cpu.cores.CoreShare: the threads this thread shares the cores with
+    ops: Any = None  # adafuse.backend.cuda.choice.Ops: which kernels the CUDA backend's layers use in this pass
 
 
 OUTSIDE = ForwardContext()

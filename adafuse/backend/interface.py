@@ -95,5 +95,6 @@ class Backend(ABC):
         """Bytes a step's passes on `device` may take now."""
 
     @abstractmethod
-    def describe(self) -> dict:
-        """What a run records of the backend: its name, and whether its merged passes are batch-invariant."""
+    def describe(self, model: Prepared, exact: bool) -> dict:
+        """What a run records of a model's passes: the backend's name, whether they are batch-invariant (with
+        `exact` asked), which ops failed to be, and how each op type runs."""

@@ -40,7 +40,7 @@ def padded_rows(lengths: list[int] | None, width: int, device, last: list[bool] 
     index = logits = live_index(lengths, width, device)
     if any(last):
         read = live & (positions >= torch.where(torch.tensor(last)[:, None], ends - 1, 0))
-        logits = read.flatten().nonzero().squeeze(1).to(device)
+        logits = on_device(read.flatten().nonzero().squeeze(1), device)
     return LivePositions((len(lengths), width), index, logits)
 
 
@@ -52,7 +52,16 @@ def packed_row(count: int, logits: torch.Tensor | None) -> LivePositions | None:
 
 def live_index(lengths: list[int], width: int, device) -> torch.Tensor:
     """The flat indices (row * width + position) of the first lengths[i] positions of each row i."""
-    return (torch.arange(width) < torch.tensor(lengths)[:, None]).flatten().nonzero().squeeze(1).to(device)
+    return on_device((torch.arange(width) < torch.tensor(lengths)[:, None]).flatten().nonzero().squeeze(1), device)
+
+
+def on_device(values, device) -> torch.Tensor:
+    """`values` (a list of ints, or a CPU tensor) on `device`. To a GPU from pinned memory without waiting: the
+    host goes on launching the pass, and the copy is ordered before the kernels that read it."""
+    tensor = values if isinstance(values, torch.Tensor) else torch.tensor(values)
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def only_live(x: torch.Tensor, features: int, multiply, pack: bool = False) -> torch.Tensor:

@@ -46,6 +46,12 @@ class ProbeStore:
         """The store of this process's environment, as `ADAFUSE_PROBE_STORE` sets it (`store_path`)."""
         return cls(store_path())
 
+    @classmethod
+    def for_gpu(cls, device) -> "ProbeStore":
+        """The store of one GPU's facts (`gpu_fingerprint`): what its kernels do depends on them alone, not on the
+        host's processor, so every node of a cluster with this GPU and software reads the same verdicts."""
+        return cls(store_path(gpu_fingerprint(device)))
+
     def verdicts(self) -> dict:
         """{(table, key repr): verdict}, read once; {} when the store is off or holds none."""
         with self._lock:
@@ -89,13 +95,47 @@ class Verdicts(dict):
         return verdict
 
 
-def store_path() -> Path | None:
-    """The store's file for this process's environment, or None when the store is off."""
+def store_path(facts: dict | None = None) -> Path | None:
+    """The store's file for an environment's facts (default: this process's, `fingerprint`), or None when the
+    store is off."""
     setting = os.environ.get("ADAFUSE_PROBE_STORE", "")
     if setting.lower() in ("off", "0", "false", "no"):
         return None
     folder = Path(setting).expanduser() if setting else default_cache_dir() / "kernel_probes"
-    return folder / f"{hashlib.sha256(json.dumps(fingerprint(), sort_keys=True).encode()).hexdigest()[:20]}.jsonl"
+    facts = fingerprint() if facts is None else facts
+    return folder / f"{hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:20]}.jsonl"
+
+
+def gpu_fingerprint(device) -> dict:
+    """What decides how a GPU's kernels sum: the device and its compute capability, the torch build with its CUDA,
+    cuBLAS and Triton, and the matmul precision settings and kernel environment variables."""
+    facts = {
+        "format": FORMAT,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cublas": _package_version("nvidia-cublas-cu12") or _package_version("nvidia-cublas"),
+        "triton": _package_version("triton"),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
+    }
+    if torch.device(device).type == "cuda":
+        facts["device"] = [torch.cuda.get_device_name(device), list(torch.cuda.get_device_capability(device))]
+        facts["reduced_precision"] = [
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        ]
+    else:  # the kernels' logic run on the host (Triton's interpreter): the processor decides
+        facts["device"] = [str(device), _cpu()]
+    return facts
+
+
+def _package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
 
 
 def fingerprint() -> dict:

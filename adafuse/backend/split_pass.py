@@ -16,15 +16,16 @@ import torch
 from adafuse.backend.attention import Span, SplitPass, split_cache
 from adafuse.backend.forward import ForwardContext, forward_context
 from adafuse.backend.interface import Prepared, Read
-from adafuse.backend.live import live_index, packed_row
+from adafuse.backend.live import live_index, on_device, packed_row
 
 
 @torch.inference_mode()
-def merged_pass(model: Prepared, reads: list[Read], context: ForwardContext) -> list[torch.Tensor]:
+def merged_pass(model: Prepared, reads: list[Read], context: ForwardContext, one_call=None) -> list[torch.Tensor]:
     """Each read's float32 logits, shaped as its pass alone gives them (`Read`), from one packed pass.
 
     Read j has a cache of length L_j and ids (b_j, n_j); its positions are L_j, L_j + 1, ... in every row.
-    Afterwards each read's cache holds its own rows and new positions, as if it had been read alone."""
+    Afterwards each read's cache holds its own rows and new positions, as if it had been read alone. `one_call`:
+    the backend's attention over every read at once (adafuse/backend/attention.py `SplitPass`), else per read."""
     if any(r.last_only and r.lengths for r in reads):
         raise ValueError("a read reads either its real ids' logits or its last position's, not both")
     device = model.device
@@ -34,17 +35,17 @@ def merged_pass(model: Prepared, reads: list[Read], context: ForwardContext) -> 
         rows, width = r.input_ids.shape
         own = r.lengths or [width] * rows
         index = live_index(own, width, device) if any(n < width for n in own) else None
-        flat_ids = r.input_ids.flatten()
+        flat_ids = on_device(r.input_ids, device).flatten()
         flat_positions = torch.arange(length, length + width, device=device).repeat(rows)
         ids.append(flat_ids if index is None else flat_ids[index])
         positions.append(flat_positions if index is None else flat_positions[index])
-        spans.append(Span(slice(row, row + rows), length, width, start, sum(own), index))
+        spans.append(Span(slice(row, row + rows), length, width, start, sum(own), index, tuple(own)))
         for n in own:
             head.extend(range(start + n - 1 if r.last_only else start, start + n))
             start += n
         row += rows
-    logits_at = torch.tensor(head, device=device) if any(r.last_only for r in reads) else None
-    split = SplitPass(spans, max(lengths))
+    logits_at = on_device(head, device) if any(r.last_only for r in reads) else None
+    split = SplitPass(spans, max(lengths), one_call=one_call)
     with forward_context(replace(context, live=packed_row(start, logits_at), split=split)):
         out = model.model(
             input_ids=torch.cat(ids)[None],

@@ -120,7 +120,7 @@ class Executor:
         first = requests[plan.places[0]]
         if plan.kind == planner.PREFIX:
             ids = first.ids[: first.prefix_length]
-            return Pass(PREFIX, first.runner.prepared, (Read(DynamicCache(), _tensor(ids, first.runner.device)),))
+            return Pass(PREFIX, first.runner.prepared, (Read(DynamicCache(), _tensor(ids)),))
         return Pass(BACKEND_KIND[plan.kind], first.runner.prepared, tuple(_read(requests[p]) for p in plan.places))
 
     def _finish(self, plan: PassPlan, done: Pass, ran, requests, results: list) -> None:
@@ -176,9 +176,10 @@ def _read(request: Forward | ReadPrompt) -> Read:
             cache = view_cache(runner.prompts.get(request.ids[: request.prefix_length]))
         else:
             cache = DynamicCache()
-        return Read(cache, _tensor(request.ids[request.prefix_length :], runner.device), last_only=True)
+        return Read(cache, _tensor(request.ids[request.prefix_length :]), last_only=True)
     return Read(request.cache, request.input_ids, request.lengths, request.last_only, request.logprobs, request.masked)
 
 
-def _tensor(ids: list[int], device) -> torch.Tensor:
-    return torch.tensor([ids], device=device)
+def _tensor(ids: list[int]) -> torch.Tensor:
+    """A pass's ids on the host: the backend moves them to its device."""
+    return torch.tensor([ids])

@@ -80,7 +80,7 @@ class Rows:
                 raise AssertionError(f"row {i} stopped early and cannot be extended")
         pad = [t + [t[-1] if t else 0] * (longest - len(t)) for t in new]
         lengths = [len(t) for t in new]
-        ids = torch.tensor(pad, device=self.member.device)
+        ids = torch.tensor(pad)  # on the host: the backend moves a pass's ids to its device
         steps = Steps((yield from self.member.forward(self.cache, ids, lengths=lengths, logprobs=True)), lengths)
         for i, t in enumerate(new):
             if t:

@@ -151,7 +151,7 @@ class Member:
     def feed(self, ids: list[int]):
         """Append ids to the committed context and read them (a program)."""
         cache = self.cache
-        logits = yield from self.forward(cache, torch.tensor([ids], device=self.device), last_only=True)
+        logits = yield from self.forward(cache, torch.tensor([ids]), last_only=True)
         self.context = replace(self.context, ids=self.ids + list(ids), logprobs=self.log_softmax(logits[0, -1]))
 
     def append_ids(self, ids: list[int], generated: str, text: str):

@@ -10,17 +10,18 @@ the runner's backend.
 
 import torch
 
-from adafuse.backend import backend_for
+from adafuse.backend import Backend, backend_for
 from adafuse.member.cache import KVLedger, PromptStore
 
 
 class Runner:
-    def __init__(self, name: str, model):
+    def __init__(self, name: str, model, backend: Backend | None = None):
+        """`backend`: the one to run the model's passes (default: the process's for the model's device type)."""
         self.name = name
         self.model = model
         self.device = model.device
-        # row tiles, the split attention, on the CPU the blocked head: once per model (adafuse/backend/)
-        self.backend = backend_for(model.device)
+        # what the backend changes in the model, once per model (adafuse/backend/)
+        self.backend = backend or backend_for(model.device)
         self.prepared = self.backend.prepare(model)
         text = model.config.get_text_config()
         self.max_positions: int | None = getattr(text, "max_position_embeddings", None)

@@ -43,20 +43,26 @@ def decode(s: Session, cfg: AdaFuseConfig, early_finish: bool = True):
     (`RoundEnd`), without completing or scoring its words; the text is the one the full round gives.
     """
     while not s.done:
-        round_idx = s.rounds
-        ending = RoundEnd(s.text, s.stop) if early_finish and s.stop else None
-        proposed = yield from propose_all(s.members, cfg, round_idx, ending)
-        if ending is not None and ending.settled:
-            s.end_early(ending.target)
-            break
-        proposals, model_rounds = zip(*proposed)
-        pool = build_pool(list(proposals))
-        yield from score_pool(s.members, s.text, pool, round_idx)
-        fused = [sum(sc.nll for sc in c.scores) / len(s.members) for c in pool]
-        winner = choose_winner(fused)
-        if s.tracing:
-            s.log_round(_round_trace(round_idx, model_rounds, pool, fused, winner))
-        commit(s, pool[winner])
+        yield from one_round(s, cfg, early_finish)
+
+
+def one_round(s: Session, cfg: AdaFuseConfig, early_finish: bool):
+    """One round (spec §3-§4): proposals, the pool, every member's scores, the winner committed (a program). Its
+    forks (proposals, branches, candidates read) end with it: none outlives the commit, nor the KV it reads."""
+    round_idx = s.rounds
+    ending = RoundEnd(s.text, s.stop) if early_finish and s.stop else None
+    proposed = yield from propose_all(s.members, cfg, round_idx, ending)
+    if ending is not None and ending.settled:
+        s.end_early(ending.target)
+        return
+    proposals, model_rounds = zip(*proposed)
+    pool = build_pool(list(proposals))
+    yield from score_pool(s.members, s.text, pool, round_idx)
+    fused = [sum(sc.nll for sc in c.scores) / len(s.members) for c in pool]
+    winner = choose_winner(fused)
+    if s.tracing:
+        s.log_round(_round_trace(round_idx, model_rounds, pool, fused, winner))
+    commit(s, pool[winner])
 
 
 class RoundEnd:

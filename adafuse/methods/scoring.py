@@ -94,13 +94,13 @@ def score_ids(member: Member, context: list[int], continuations: Sequence[list[i
     for start in range(0, width, POSITIONS_PER_PASS):
         end = min(start + POSITIONS_PER_PASS, width)
         block = [(f + [0] * width)[start:end] for f in fed]
-        logits = yield from member.forward(rows.cache, torch.tensor(block, device=member.device))
+        logits = yield from member.forward(rows.cache, torch.tensor(block))
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         for row, ids in enumerate(continuations):
             targets = ids[start + 1 : end + 1]
             if not targets:
                 continue
-            index = torch.tensor(targets, device=member.device)
+            index = torch.tensor(targets, device=logprobs.device)
             rows_logprobs = logprobs[row, : len(targets)]
             totals[row] += rows_logprobs.gather(-1, index[:, None]).sum().item()
             greedy[row] = greedy[row] and bool((rows_logprobs.argmax(-1) == index).all())

@@ -178,12 +178,15 @@ def test_a_run_directory_that_cannot_be_created_is_a_named_error(tmp_path, layou
 
 
 def test_batching_reports_of_several_processes_add_up_and_a_disagreement_reads_mixed(tmp_path):
+    """Counts add up; of the KV figures, the most any process held."""
     out = RunDir(tmp_path, config())
     assert out.batching() == {}
     exact = {"attention": "per_request", "linear": "merged", "passes": 10, "merged_passes": 4, "rows": 30}
+    exact |= {"kv_peak_bytes": 900, "kv_peak_bytes_per_example": 300, "kv_prefix_bytes": 50, "longest_context": 40}
     out.append_batching(0, 3, {"smollm2_135m": exact})
     # the second process counted the prompts it read in merged passes and its passes' seconds; the first, older, did not
     later = {**exact, "linear": "per_request", "passes": 5, "rows": 7, "merged_prompts": 2, "seconds": 1.5}
+    later |= {"kv_peak_bytes": 800, "kv_peak_bytes_per_example": 400, "longest_context": 60}
     out.append_batching(1, 2, {"smollm2_135m": later})
     lines = [json.loads(line) for line in (tmp_path / "batching.jsonl").read_text().splitlines()]
     assert [(line["shard"], line["examples"]) for line in lines] == [(0, 3), (1, 2)]
@@ -195,6 +198,11 @@ def test_batching_reports_of_several_processes_add_up_and_a_disagreement_reads_m
             "merged_passes": 8,
             "rows": 37,
             "merged_prompts": 2,
+            "prefix_passes": 0,
             "seconds": 1.5,
+            "kv_peak_bytes": 900,
+            "kv_peak_bytes_per_example": 400,
+            "kv_prefix_bytes": 50,
+            "longest_context": 60,
         }
     }

@@ -1,0 +1,63 @@
+"""A merged pass's attention in one variable-length call on a GPU (adafuse/backend/attention.py `SplitPass.one_call`).
+
+Every row of every read is one sequence: its queries are its live positions in the packed row (already laid out
+end to end, row after row: adafuse/backend/split_pass.py), its keys and values its read's cache up to its last
+live position (its context's, read in place, then its own). The keys of all rows are packed end to end for the
+call, a layer at a time, and let go after it; the call computes each sequence on its own (causal, with the layer's
+sliding window), so one launch replaces the per-request loop. A layer whose attention the call cannot compute
+(logit soft-capping, attention sinks) runs per request, as without.
+"""
+
+import torch
+
+from adafuse.backend.cuda.choice import kernel_attention
+from adafuse.backend.live import on_device
+
+
+def packed_attention(attend):
+    """The `one_call` for a split pass: `attend(q, k, v, cu_q, cu_k, scale, window, max_q, max_k)` over every row at
+    once (the longest sequence's queries and keys known on the host: no sync to find them)."""
+
+    def one_call(module, query, split, kwargs):
+        if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+            return None
+        keys, values, cu_q, cu_k, max_q, max_k = [], [], [0], [0], 0, 0
+        for s, (own, new_keys, new_values) in zip(split.spans, split.pending, strict=True):
+            k, v = own.update(new_keys, new_values)  # (rows, kv_heads, length + width, d)
+            for row, live in enumerate(s.lengths):
+                end = s.length + live
+                keys.append(k[row, :, :end].transpose(0, 1))
+                values.append(v[row, :, :end].transpose(0, 1))
+                cu_q.append(cu_q[-1] + live)
+                cu_k.append(cu_k[-1] + end)
+                max_q, max_k = max(max_q, live), max(max_k, end)
+        split.pending = []
+        device = query.device
+        q = query[0].transpose(0, 1)  # (positions, heads, d): the packed row's positions, row after row
+        scale = kwargs.get("scaling") or module.scaling
+        cu = [on_device(torch.tensor(c, dtype=torch.int32), device) for c in (cu_q, cu_k)]
+        out = attend(q, torch.cat(keys), torch.cat(values), *cu, scale, kwargs.get("sliding_window"), max_q, max_k)
+        return out.unsqueeze(0), None
+
+    return one_call
+
+
+KERNEL = packed_attention(kernel_attention)
+
+
+def torch_varlen():
+    """Torch's own one-call attention over packed sequences (FlashAttention's variable-length kernel, CUDA only), in
+    the shape `packed_attention` calls, or None where this torch has none."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+
+    def attend(q, k, v, cu_q, cu_k, scale, window, max_q, max_k):
+        groups = q.shape[1] // k.shape[1]
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        left = -1 if window is None else window - 1
+        return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, window_size=(left, 0))
+
+    return attend

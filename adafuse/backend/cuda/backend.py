@@ -1,0 +1,136 @@
+"""The CUDA backend: a model's passes on a GPU, each layer in one call, batch-invariant where the GPU allows and
+said so where it does not.
+
+- `prepare`: a model's linear layers and RMS norms become kernel-aware (adafuse/backend/cuda/layers.py), its
+  attention is wrapped for packed passes (adafuse/backend/attention.py), and its op types are probed on its device
+  (adafuse/backend/cuda/choice.py): which kernels keep a row's bits, kept in a store named by the GPU's facts.
+- `execute`: every read that reads after a cache goes through the packed pass (adafuse/backend/split_pass.py),
+  alone or merged, so that a read alone and among others run the very same kernels; attention in one
+  variable-length call per layer where the choice says so. A step's passes are launched model after model with no
+  wait between them (members on different GPUs overlap), then each GPU is synchronised once, and every result is
+  copied to the host in the same step: the programs read their scalars there, without a sync of their own.
+- each pass's seconds come from CUDA events (what the GPU spent, not the launches'); the memory a step may take
+  from the device's free memory (`torch.cuda.mem_get_info`).
+
+On a CPU tensor (the tests, with Triton's interpreter) the same code runs the kernels' logic without a GPU.
+"""
+
+import inspect
+import time
+
+import torch
+
+from adafuse.backend.attention import split_attention
+from adafuse.backend.cuda import layers
+from adafuse.backend.cuda.attention import KERNEL, packed_attention, torch_varlen
+from adafuse.backend.cuda.choice import Choice, decide
+from adafuse.backend.exact import MEMORY_SHARE, alone_pass, finish
+from adafuse.backend.forward import ForwardContext, forward_context
+from adafuse.backend.interface import ALONE, MERGED, PREFIX, Backend, Execution, Pass, Prepared, Ran
+from adafuse.backend.live import on_device
+from adafuse.backend.probe_store import ProbeStore
+from adafuse.backend.split_pass import merged_pass
+from adafuse.backend.transformers_check import check_model, check_transformers
+
+
+class CudaBackend(Backend):
+    def __init__(self, device_type: str = "cuda", store: ProbeStore | None = None):
+        self.device_type = device_type
+        self.name = "cuda"
+        check_transformers()
+        self._store = store
+        self._prepared: dict[int, Prepared] = {}
+        self.choices: dict[int, Choice] = {}  # per model: what its passes use on its GPU
+        self._stock_varlen = torch_varlen() if device_type == "cuda" else None
+
+    def prepare(self, model) -> Prepared:
+        if id(model) not in self._prepared:
+            check_model(model)
+            unknown = layers.install(model)
+            params = inspect.signature(model.forward).parameters
+            body = model.get_decoder()
+            prepared = Prepared(
+                model=model,
+                device=model.device,
+                cache_arg="cache" if "cache" in params else "past_key_values",
+                body=body,
+                body_cache_arg="cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values",
+                keeps_last="logits_to_keep" in params,
+                splits_attention=split_attention(model),
+            )
+            store = self._store or ProbeStore.for_gpu(model.device)
+            self.choices[id(model)] = decide(model, model.device, unknown, self._stock_varlen, store)
+            self._prepared[id(model)] = prepared
+        return self._prepared[id(model)]
+
+    def execute(self, passes: list[Pass], how: Execution) -> list[Ran]:
+        timings, outputs = [], []
+        for p in passes:  # every model's passes launched, none waited for
+            ops = self.choices[id(p.model.model)].ops(how.exact)
+            one_call = {"kernel": KERNEL, "stock": packed_attention(self._stock_varlen)}.get(ops.attention)
+            context = ForwardContext(tiles=False, ops=ops)
+            start, end = _marks(p.model.device)
+            results = self._run(p, context, one_call)
+            timings.append((start, end(), p.model.device))
+            outputs.append([_to_host(r) for r in results])
+        for device in {d for _, _, d in timings if d.type == "cuda"}:
+            torch.cuda.synchronize(device)  # once per GPU and step, every model's passes launched before it
+        return [Ran(results, _seconds(t)) for results, t in zip(outputs, timings)]
+
+    def _run(self, p: Pass, context: ForwardContext, one_call) -> list:
+        with torch.inference_mode():
+            if p.kind == PREFIX:
+                (read,) = p.reads
+                with forward_context(context):
+                    ids = on_device(read.input_ids, p.model.device)
+                    p.model.body(input_ids=ids, use_cache=True, **{p.model.body_cache_arg: read.cache})
+                return [None]
+            if p.kind not in (ALONE, MERGED):
+                raise ValueError(f"a pass is {PREFIX!r}, {ALONE!r} or {MERGED!r}, not {p.kind!r}")
+            if p.kind == ALONE and not (p.reads[0].cache.layers and p.model.splits_attention):
+                # a prompt read from nothing, or a model whose attention cannot be split: never merged, always alone
+                return [finish(p.reads[0], alone_pass(p.model, p.reads[0], context))]
+            # alone or merged, a read after a cache takes the packed pass: the same kernels either way
+            logits = merged_pass(p.model, list(p.reads), context, one_call if p.model.splits_attention else None)
+            return [finish(read, result) for read, result in zip(p.reads, logits)]
+
+    def memory_budget(self, device: torch.device) -> int:
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            return int(free * MEMORY_SHARE)
+        import psutil
+
+        return int(psutil.virtual_memory().available * MEMORY_SHARE)
+
+    def describe(self, model: Prepared, exact: bool) -> dict:
+        return self.choices[id(model.model)].describe(exact)
+
+
+def _marks(device: torch.device):
+    """A pass's start mark and a function that makes its end mark: CUDA events on a GPU, else the host clock."""
+    if device.type == "cuda":
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+
+        def end():
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+
+        return start, end
+    started = time.perf_counter()
+    return started, time.perf_counter
+
+
+def _seconds(timing) -> float:
+    start, end, device = timing
+    return start.elapsed_time(end) / 1000 if device.type == "cuda" else end - start
+
+
+def _to_host(result):
+    """A read's result, copied to pinned host memory without waiting: the step's one sync ends the copy, and the
+    programs then read scalars and whole distributions there without waiting on the GPU again."""
+    if result is None or result.device.type == "cpu":
+        return result
+    host = torch.empty(result.shape, dtype=result.dtype, pin_memory=True)
+    return host.copy_(result, non_blocking=True)

@@ -1,0 +1,214 @@
+"""The CUDA backend (adafuse/backend/cuda/) on this CPU: its code runs on CPU tensors, its kernels through Triton's
+interpreter, on tiny random Llama- and Gemma-3-shaped models (grouped-query heads; Gemma's sliding window and its
+own RMSNorm formula). What no GPU is needed to check:
+
+- the choice: every op type probed on the device, verdicts kept in the store; exact passes batch-invariant;
+- a read's logits and cache, alone and among other reads (forks of several rows, rows of unequal length, a
+  prompt's tail, steps after caches of other lengths), bit for bit, with the kernels; close to the CPU backend's;
+- a step's results come back on the host, and no pass reads a scalar back to the host while the step launches;
+- with the stock kernels (batch_exact=false) one call per layer, and the run records its passes as batch-dependent.
+
+As tests/unit/test_cuda_kernels.py, the checks run in a child process started with TRITON_INTERPRET=1 (the suite's
+processes import triton compiled long before this file); `TRITON_INTERPRET=1 pytest -n 0 <this file>` runs them
+directly. The bits of the compiled kernels on a GPU are the GPU check's to confirm (tools/gpu_check).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+
+from adafuse.backend import ALONE, MERGED, Execution, Pass, Read, backend_for
+from adafuse.backend.cuda import available
+from adafuse.backend.probe_store import ProbeStore
+from adafuse.member.cache import KVLedger, context_cache, fork_cache, view_cache
+
+pytestmark = pytest.mark.slow
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "").strip().lower() in {"1", "true", "yes", "on"}
+CHILD_SECONDS = 900
+
+
+def interpreted(test):
+    test.__test__ = INTERPRETED
+    return test
+
+
+def compiled(test):
+    test.__test__ = not INTERPRETED
+    return test
+
+
+@compiled
+def test_the_cuda_backend_under_the_interpreter(require):
+    """This file's tests, in a child process started with TRITON_INTERPRET=1; its report on failure."""
+    require(available(), "triton")
+    hidden = {"PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_CURRENT_TEST"}
+    env = {name: value for name, value in os.environ.items() if name not in hidden} | {"TRITON_INTERPRET": "1"}
+    command = [sys.executable, "-m", "pytest", "-n", "0", "-q", "-p", "no:cacheprovider", __file__]
+    child = subprocess.run(
+        command, cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=CHILD_SECONDS
+    )
+    report = child.stdout[-8000:] + child.stderr[-2000:]
+    assert child.returncode == 0, report
+    assert " passed" in report and "skipped" not in report, report
+
+
+def llama():
+    config = LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, attn_implementation="sdpa",
+    )  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
+def gemma():
+    config = Gemma3TextConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"], attn_implementation="sdpa",
+    )  # fmt: skip
+    model = Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():  # Gemma's norms start at zero (times 1 + weight): give them some weight
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0, 0.5)
+    return model
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def models(request):
+    """(the model prepared by the CUDA backend, the CPU backend's prepared copy of the same weights)."""
+    torch.manual_seed(0)
+    make = {"llama": llama, "gemma3": gemma}[request.param]
+    from adafuse.backend.cuda.backend import CudaBackend
+
+    cuda_side, cpu_side = make(), make()
+    cpu_side.load_state_dict(cuda_side.state_dict())
+    backend = CudaBackend("cpu", store=ProbeStore(None))
+    return backend, backend.prepare(cuda_side), backend_for("cpu").prepare(cpu_side)
+
+
+def run(backend, kind: str, model, reads: list[Read], exact: bool = True) -> list:
+    (ran,) = backend.execute([Pass(kind, model, tuple(reads))], Execution.here(exact, side_by_side=False))
+    return ran.results
+
+
+def prompt_cache(backend, model, ids: list[int]):
+    """A prompt of `ids` read from nothing through `backend`: its context cache."""
+    read = Read(DynamicCache(), torch.tensor([ids]), last_only=True)
+    run(backend, ALONE, model, [read])
+    return context_cache(read.cache, KVLedger())
+
+
+PROMPTS = [[3, 17, 42, 5], [9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 12], [50, 51, 52, 53, 54, 55, 56, 57, 58], [1, 2]]
+
+
+def mixed_reads(backend, model) -> tuple[list, list]:
+    """Caches of different lengths and the reads after them: greedy steps, forks of 3 rows of unequal length, and a
+    fork row that reads nothing; (their caches, (ids, lengths))."""
+    contexts = [prompt_cache(backend, model, ids) for ids in PROMPTS]
+    caches = [contexts[0], contexts[1], fork_cache(contexts[2], 3, 9), fork_cache(contexts[3], 3, 2)]
+    inputs = [
+        (torch.tensor([[7]]), None),
+        (torch.tensor([[8, 9]]), None),
+        (torch.tensor([[5, 6, 7], [8, 9, 9], [4, 4, 4]]), [3, 1, 2]),
+        (torch.tensor([[10, 11], [12, 12], [13, 13]]), [2, 1, 0]),
+    ]
+    return caches, inputs
+
+
+@interpreted
+def test_the_choice_is_made_on_the_device_and_kept_in_the_store(models, tmp_path):
+    backend, model, _ = models
+    choice = backend.choices[id(model.model)]
+    assert choice.invariant, choice.failing
+    assert set(choice.verdicts) == {"linear", "rms_norm", "attention"}
+    assert all(v["kernel"] for v in choice.verdicts.values())  # the kernels keep the bits, here as on any device
+    assert choice.exact.attention == "kernel" and choice.stock.attention == "per_request"  # no torch varlen on a CPU
+    described = backend.describe(model, exact=True)
+    assert described["batch_invariant"] and described["ops"]["attention"] == "kernel"
+    assert not backend.describe(model, exact=False)["batch_invariant"]
+
+
+@interpreted
+def test_a_read_has_the_bits_of_its_pass_alone_among_any_other_reads(models):
+    backend, model, cpu = models
+    caches, inputs = mixed_reads(backend, model)
+    alone = [run(backend, ALONE, model, [Read(view_cache(c), x, n)])[0] for c, (x, n) in zip(caches, inputs)]
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [2, 0]):
+        merged_caches = [view_cache(caches[j]) for j in order]
+        reads = [Read(c, *inputs[j]) for c, j in zip(merged_caches, order)]
+        merged = run(backend, MERGED, model, reads)
+        for j, logits, cache in zip(order, merged, merged_caches):
+            assert torch.equal(logits, alone[j]), (j, order)
+            assert cache.get_seq_length() == caches[j].get_seq_length() + inputs[j][0].shape[1]
+    # the kernels compute what the CPU backend computes, up to rounding
+    cpu_caches, _ = mixed_reads(backend_for("cpu"), cpu)
+    cpu_alone = [run(backend_for("cpu"), ALONE, cpu, [Read(c, x, n)])[0] for c, (x, n) in zip(cpu_caches, inputs)]
+    for mine, theirs in zip(alone, cpu_alone):
+        assert mine.shape == theirs.shape and torch.allclose(mine, theirs, atol=1e-4, rtol=1e-4)
+
+
+@interpreted
+def test_a_prompt_tail_beside_steps_has_the_bits_of_its_read_alone(models):
+    backend, model, _ = models
+    stored = prompt_cache(backend, model, PROMPTS[1][:6])
+    tail = torch.tensor([PROMPTS[1][6:]])
+    steps, _ = mixed_reads(backend, model)
+    alone = run(backend, ALONE, model, [Read(view_cache(stored), tail, last_only=True)])[0]
+    merged = run(
+        backend, MERGED, model, [Read(view_cache(stored), tail, last_only=True), Read(steps[0], torch.tensor([[4]]))]
+    )
+    assert merged[0].shape == alone.shape == (1, 1, 96) and torch.equal(merged[0], alone)
+
+
+class HostReads(TorchFunctionMode):
+    """Every call that brings a tensor's value to the host (a sync on a GPU), made inside the block."""
+
+    READS = {"item", "tolist", "__bool__", "__int__", "__float__", "numpy"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.READS or func is torch.equal:
+            self.calls.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@interpreted
+def test_a_step_reads_no_value_back_while_it_launches_and_returns_its_results_on_the_host(models):
+    backend, model, _ = models
+    caches, inputs = mixed_reads(backend, model)
+    reads = [Read(c, x, n, logprobs=True) for c, (x, n) in zip(caches, inputs)]
+    with HostReads() as reads_back:
+        (ran,) = backend.execute([Pass(MERGED, model, tuple(reads))], Execution.here())
+    assert reads_back.calls == []
+    assert all(r.device.type == "cpu" for r in ran.results) and ran.seconds > 0
+
+
+@interpreted
+def test_with_the_stock_kernels_a_pass_makes_one_call_per_linear_layer(models):
+    backend, model, _ = models
+    caches, inputs = mixed_reads(backend, model)
+
+    class Multiplies(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.stock = self.kernel = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.stock += func is torch.nn.functional.linear
+            self.kernel += func is torch.ops.adafuse.linear.default or func is torch.ops.adafuse.linear
+            return func(*args, **(kwargs or {}))
+
+    with Multiplies() as count:
+        run(backend, MERGED, model, [Read(c, x, n) for c, (x, n) in zip(caches, inputs)], exact=False)
+    linear_layers = sum(isinstance(m, torch.nn.Linear) for m in model.model.modules())
+    assert count.stock == linear_layers and count.kernel == 0
