@@ -7,7 +7,7 @@ gen.text, gen.stats, gen.trace
 """
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -17,7 +17,7 @@ from adafuse.config import ModelConfig
 from adafuse.engine.executor import Executor
 from adafuse.engine.loop import DEFAULT_BATCH_SIZE, Engine, decode_many, drive
 from adafuse.errors import ConfigError, UnknownNameError
-from adafuse.loading.pretrained import load_pretrained, placement
+from adafuse.loading.pretrained import load_pretrained, member_device, placement
 from adafuse.member.member import Member
 from adafuse.member.passes import Program
 from adafuse.methods import METHODS, Method
@@ -92,7 +92,7 @@ class Ensemble:
         `load` (indices) loads only those models; the others stay None (a method such as `single`
         that decodes with some of the pair's models keeps its indices into the whole pair).
         """
-        configs = [model_config(m) for m in models]
+        configs = cls.placed(models)
         load = range(len(configs)) if load is None else set(load)
         loaded = {}
         members = []
@@ -114,13 +114,19 @@ class Ensemble:
         return cls([member for part in parts for member in ([None] if part is None else part.members)])
 
     @staticmethod
+    def placed(models) -> list[ModelConfig]:
+        """The models' configs with each member's device resolved: `device: auto` puts member k on the k-th visible
+        GPU (cycling), else on the CPU; a named device stays (adafuse/loading/pretrained.py `member_device`)."""
+        return [replace(cfg, device=member_device(cfg, k)) for k, cfg in enumerate(map(model_config, models))]
+
+    @staticmethod
     def placement(models) -> list[dict[str, str]]:
         """Where `from_config` puts each model's weights, resolved ("auto" is never an answer); loads nothing.
 
         Per model: {"device": "cpu" | "cuda:0" | ..., "dtype": "float32" | "bfloat16" | ..., "gpu": the
         GPU's name, or None on the CPU}: a GPU's kernels, like the dtype, decide an output's last bits."""
         places = []
-        for cfg in map(model_config, models):
+        for cfg in Ensemble.placed(models):
             device, dtype = placement(cfg)
             gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
             places.append({"device": str(device), "dtype": str(dtype).removeprefix("torch."), "gpu": gpu})
@@ -142,6 +148,12 @@ class Ensemble:
         models' tokenizers, and a refusal without tokenizing for a prompt longer in bytes than a model's context
         can hold (adafuse/text/prompt_check.py)."""
         return PromptCheck(self.members)
+
+    def passes(self, exact: bool = True) -> list[dict | None]:
+        """How each loaded model's passes run (None where it is not loaded), as its backend says: the backend,
+        whether they are batch-invariant with `exact` asked and which op types fail to be, how each op type runs
+        (adafuse/backend/interface.py `Backend.describe`). A run records it (config.yaml's runtime)."""
+        return [None if m is None else m.runner.backend.describe(m.runner.prepared, exact) for m in self.members]
 
     def without_utf8_rule(self) -> list[str]:
         """The loaded models whose vocabulary is of a type adafuse/text/tokens.py does not know, so that the rule

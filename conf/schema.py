@@ -186,9 +186,17 @@ def run_id(override_dirname: str, batch_exact: bool = True, batch_size: int = DE
 
 
 def resumable_settings(config: dict) -> set[str]:
-    """The settings a run may change when it resumes: batch_size only if batching is exact."""
-    exact = config.get("batch_exact", True)
-    return set(CANNOT_CHANGE_PREDICTIONS) - (set() if exact else {"batch_size"})
+    """The settings a run may change when it resumes: batch_size only if its passes are batch-invariant: batching
+    is exact, and no model's passes were recorded as batch-dependent (config.yaml's runtime: a GPU whose kernels
+    keep no row's bits, adafuse/backend/cuda/choice.py)."""
+    return set(CANNOT_CHANGE_PREDICTIONS) - (set() if batch_invariant(config) else {"batch_size"})
+
+
+def batch_invariant(config: dict) -> bool:
+    """Do a run's outputs not depend on its batch size (see `resumable_settings`)?"""
+    models = (config.get("runtime") or {}).get("models") or []
+    recorded = all((m.get("passes") or {}).get("batch_invariant", True) for m in models)
+    return bool(config.get("batch_exact", True)) and recorded
 
 
 def register() -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 import yaml
 
 from adafuse.errors import ResultsDirError, ResumeMismatchError, ShardBusyError
-from conf.schema import resumable_settings
+from conf.schema import batch_invariant, resumable_settings
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +89,19 @@ class RunDir:
         """Refuse to add to predictions made with other settings, from other data or models, or on another
         runtime (ResumeMismatchError)."""
         recorded = dict(recorded or {})
+        resumable = resumable_settings(self.config) & resumable_settings(recorded)
         old_runtime, new_runtime = recorded.pop("runtime", None), self.config.get("runtime")
         old_source, new_source = recorded.pop("source", None), self.config.get("source")
         old = _flat(recorded)
         new = _flat({k: v for k, v in self.config.items() if k not in ("runtime", "source")})
-        changed = sorted(
-            k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in resumable_settings(self.config)
-        )
+        changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in resumable)
+        if changed == ["batch_size"] and old_runtime and not batch_invariant({"runtime": old_runtime}):
+            raise ResumeMismatchError(
+                f"{self.path} holds a run whose passes were batch-dependent ({describe_dependence(old_runtime)}): "
+                f"its outputs depend on its batch size, {old.get('batch_size')}, and this process asks for "
+                f"{new.get('batch_size')}. Resume it with batch_size={old.get('batch_size')}, or write this one to "
+                "another directory (results_dir=... or hydra.run.dir=...)."
+            )
         if changed:
             raise ResumeMismatchError(
                 f"{self.path} holds a run with other settings ({', '.join(changed)}); "
@@ -285,12 +291,24 @@ def runtime_differences(recorded: dict, now: dict) -> list[str]:
     if [m.get("name") for m in old] != [m.get("name") for m in new]:
         differences.append(f"models {[m.get('name') for m in old]} then, {[m.get('name') for m in new]} now")
     for then, current in zip(old, new):
-        # A model's vocabulary decides its utf8_rule (eval/runner.py), the same on any device; it is known
-        # only once the model has loaded, after the first check.
-        for key in sorted((then.keys() | current.keys()) - {"name", "utf8_rule"}):
+        # A model's vocabulary decides its utf8_rule (eval/runner.py), the same on any device, and its backend
+        # how its passes run on its device (`passes`): both are known only once the model has loaded, after the
+        # first check.
+        for key in sorted((then.keys() | current.keys()) - {"name", "utf8_rule", "passes"}):
             if then.get(key) != current.get(key):
                 differences.append(f"{current.get('name')} {key} {then.get(key)} then, {current.get(key)} now")
     return differences
+
+
+def describe_dependence(runtime: dict) -> str:
+    """Which models' passes were batch-dependent, where, and which op types failed to be invariant."""
+    found = []
+    for m in runtime.get("models", []):
+        passes = m.get("passes") or {}
+        if not passes.get("batch_invariant", True):
+            where = m.get("gpu") or m.get("device")
+            found.append(f"{m.get('name')} on {where}: {', '.join(passes.get('failing') or ['?'])}")
+    return "; ".join(found)
 
 
 def source_differences(recorded: dict, now: dict) -> list[str]:

@@ -30,7 +30,7 @@ from adafuse.config import ModelConfig
 from adafuse.errors import ConfigError, ContextLengthError, ModelFileError, UnknownNameError
 from adafuse.methods import METHODS
 from conf.compose import compose_run
-from conf.schema import check_known_keys, saved_config
+from conf.schema import batch_invariant, check_known_keys, saved_config
 from eval.data import Example
 from eval.hub import describe, hub_commit
 from eval.results import RunDir, git_sha
@@ -73,9 +73,9 @@ def main(cfg: DictConfig, run_dir: Path, admitted: Callable[[], None] | None = N
     runtime checked against the run's, its models loaded and its prompts checked to fit. `admitted` is
     called then (run.py writes Hydra's own records of the run)."""
     settings = settings_of(cfg)
-    pair, method = list(settings.model_pair.members.values()), settings.method
+    pair, method = Ensemble.placed(settings.model_pair.members.values()), settings.method
     used = METHODS[method.name].members_used(method, len(pair))
-    models = decoding_models(settings)
+    models = [pair[k] for k in used]  # each with its device resolved: member k of the pair on the k-th GPU
     settings.data.dir = resolve_data_dir(settings.data.dir)
     task = Task(settings.task, settings.data)
     shard, num_shards = settings.task.shard, settings.task.num_shards
@@ -99,6 +99,7 @@ def main(cfg: DictConfig, run_dir: Path, admitted: Callable[[], None] | None = N
             reserve = METHODS[method.name].positions_needed(method, task.cfg.max_new_tokens)
             check_prompts_fit(ensemble, todo, prompts, reserve)
             record_text_rules(config["runtime"], ensemble)
+            record_passes(config["runtime"], ensemble, settings.batch_exact)
         out.admit()
         if admitted is not None:
             admitted()
@@ -189,6 +190,15 @@ def record_text_rules(runtime: dict, ensemble: Ensemble) -> None:
     for model in runtime["models"]:
         if model["name"] in off:
             model["utf8_rule"] = "off"
+
+
+def record_passes(runtime: dict, ensemble: Ensemble, exact: bool) -> None:
+    """Record, in config.yaml's runtime, how each model's passes run (`Ensemble.passes`): where they are not
+    batch-invariant (a GPU whose kernels keep no row's bits, or batch_exact=false), the run's outputs depend on
+    its batch size, and a resume at another is refused (conf/schema.py `resumable_settings`)."""
+    described = [d for d in ensemble.passes(exact) if d is not None]
+    for model, passes in zip(runtime["models"], described, strict=True):
+        model["passes"] = passes
 
 
 def decoding_models(settings) -> list[ModelConfig]:
@@ -340,12 +350,15 @@ def summary(task: Task, records: list[dict], settings, models, out: RunDir) -> d
         "batching": {
             "batch_size": settings.batch_size,
             "exact": settings.batch_exact,
+            # the outputs do not depend on batch_size: exact, and every model's passes invariant where it ran
+            "batch_invariant": batch_invariant(out.config),
             "side_by_side": settings.batch_side_by_side,
             "models": out.batching(),
         },
         # config.yaml's: the data's files (sha256) or hub splits (commit), each model's commit or checksum
         "source": out.config.get("source"),
-        "runtime": out.config.get("runtime"),  # config.yaml's: torch, each model's device, dtype and GPU
+        # config.yaml's: torch, each model's device, dtype and GPU, and how its passes ran there (`passes`)
+        "runtime": out.config.get("runtime"),
         "metrics": task.corpus_scores(records),
         "bleu_tokenizers": task.bleu_tokenizers(),  # each BLEU's sacrebleu tokenizer: 13a, flores101
         "metrics_skipped": task.skipped,  # a metric of the task not computed here, and why

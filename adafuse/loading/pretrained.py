@@ -56,6 +56,14 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
+def member_device(cfg: ModelConfig, k: int) -> str:
+    """The device member k of an ensemble loads on: a named device as it is; "auto", the k-th visible GPU
+    (cycling through them: two members on a 4-GPU node take cuda:0 and cuda:1), else the CPU."""
+    if cfg.device != "auto":
+        return cfg.device
+    return f"cuda:{k % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
+
+
 def placement(cfg: ModelConfig) -> tuple[torch.device, torch.dtype]:
     """Where `load_pretrained` puts a model's weights, and in which dtype; loads nothing."""
     device = resolve_device(cfg.device)

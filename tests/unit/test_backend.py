@@ -74,3 +74,18 @@ def test_prepare_changes_a_model_once_and_the_backend_is_one_per_device_type():
 def test_off_the_cpu_the_cpu_only_parts_are_off():
     backend = ExactBackend("cuda")
     assert backend.probes.cores is None and backend.name == "cuda-exact"
+
+
+def test_device_auto_puts_member_k_on_the_k_th_gpu_and_a_named_device_stays(monkeypatch):
+    """`device: auto` on a node of 4 GPUs: member k on cuda:k (cycling past the fourth); a named device wins; with
+    no GPU, the CPU (adafuse/loading/pretrained.py `member_device`)."""
+    from adafuse import Ensemble
+    from adafuse.config import ModelConfig
+
+    models = [ModelConfig(name=f"m{k}", path="/nowhere") for k in range(5)]
+    models[3] = ModelConfig(name="m3", path="/nowhere", device="cuda:0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert [m.device for m in Ensemble.placed(models)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:0", "cuda:0"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert {m.device for m in Ensemble.placed(models[:3])} == {"cpu"}

@@ -206,3 +206,30 @@ def test_batching_reports_of_several_processes_add_up_and_a_disagreement_reads_m
             "longest_context": 60,
         }
     }
+
+
+def gpu_config(batch_size: int, invariant: bool, passes: bool = True) -> dict:
+    """A run on a GPU at `batch_size`; `passes`: the models' passes recorded (after they loaded), invariant or not."""
+    where = config(device="cuda:0", dtype="bfloat16", gpu="NVIDIA H100 80GB HBM3") | {"batch_size": batch_size}
+    if passes:
+        for model in where["runtime"]["models"]:
+            failing = [] if invariant else ["linear", "attention"]
+            model["passes"] = {"backend": "cuda", "batch_invariant": invariant, "failing": failing}
+    return where
+
+
+def test_a_batch_dependent_run_resumes_only_at_its_batch_size_and_says_why(tmp_path):
+    """Where a model's passes were recorded as batch-dependent (a GPU whose kernels keep no row's bits), the run's
+    outputs depend on its batch size: a process at another is refused before any model loads (its own runtime
+    records no passes yet), naming the models, the GPU and the ops; one at the same batch size resumes."""
+    RunDir(tmp_path, gpu_config(8, invariant=False)).admit().append(record("nq-0"))
+    with pytest.raises(ResumeMismatchError, match="batch-dependent") as refused:
+        RunDir(tmp_path, gpu_config(32, invariant=False, passes=False)).check()
+    message = str(refused.value)
+    assert "smollm2_135m on NVIDIA H100 80GB HBM3: linear, attention" in message and "batch_size=8" in message
+    RunDir(tmp_path, gpu_config(8, invariant=False, passes=False)).check()
+
+
+def test_an_invariant_run_resumes_at_any_batch_size(tmp_path):
+    RunDir(tmp_path, gpu_config(8, invariant=True)).admit().append(record("nq-0"))
+    RunDir(tmp_path, gpu_config(32, invariant=True, passes=False)).check()
