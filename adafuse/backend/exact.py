@@ -89,12 +89,10 @@ class ExactBackend(Backend):
         return time.perf_counter() - start
 
     def memory_budget(self, device: torch.device) -> int:
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            return int(free * MEMORY_SHARE)
-        import psutil
+        return int(device_free_memory(device) * MEMORY_SHARE)
 
-        return int(psutil.virtual_memory().available * MEMORY_SHARE)
+    def free_memory(self, device: torch.device) -> int:
+        return device_free_memory(device)
 
     def describe(self, model: Prepared, exact: bool) -> dict:
         return {
@@ -108,6 +106,17 @@ class ExactBackend(Backend):
                 "attention": "per_request" if model.splits_attention else "alone",
             },
         }
+
+
+def device_free_memory(device: torch.device) -> int:
+    """Bytes free on `device` now: the GPU's (`mem_get_info`, and what torch's allocator keeps reserved but holds
+    nothing in), else the host's available memory."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    import psutil
+
+    return psutil.virtual_memory().available
 
 
 def alone_pass(model: Prepared, read: Read, context: ForwardContext) -> torch.Tensor:

@@ -92,7 +92,11 @@ class Backend(ABC):
 
     @abstractmethod
     def memory_budget(self, device: torch.device) -> int:
-        """Bytes a step's passes on `device` may take now."""
+        """Bytes one pass on `device` may take now (the planner cuts merged passes to it)."""
+
+    @abstractmethod
+    def free_memory(self, device: torch.device) -> int:
+        """Bytes free on `device` now (the engine admits an example only where it has room)."""
 
     @abstractmethod
     def describe(self, model: Prepared, exact: bool) -> dict:

@@ -89,6 +89,28 @@ class Executor:
 
         return plan_step([shape_of(place, r) for place, r in enumerate(requests)], budget)
 
+    def admits(self, runners, in_flight: int) -> bool:
+        """Is there room on every device for one more example beside the `in_flight` ones? On each device, the
+        KV its examples may hold, the device's free memory and what they hold now, must cover one more example and
+        one example's worth to spare (for forks and a pass's transients) beside those in flight: a full GPU holds
+        an example back instead of running out of memory in the middle of a pass. An example's KV is the most one
+        held at a step's end so far (per model), or what those in flight hold each now. With nothing in flight,
+        or nothing known yet of what an example holds, the example is admitted."""
+        if not in_flight:
+            return True
+        by_device: dict[torch.device, list] = {}
+        for runner in runners:
+            by_device.setdefault(runner.device, []).append(runner)
+        for device, here in by_device.items():
+            per_example = held = 0
+            for runner in here:
+                seen = self.counts.get(runner.name)
+                per_example += max(runner.ledger.held // in_flight, seen.kv_peak_bytes_per_example if seen else 0)
+                held += runner.ledger.held
+            if (in_flight + 2) * per_example > here[0].backend.free_memory(device) + held:
+                return False
+        return True
+
     def run(self, plans: list[PassPlan], requests: Sequence[Forward | ReadPrompt], examples: int = 1) -> list:
         """Run the plan over the step's requests (in place order); their results in the same order. `examples`:
         how many examples are in flight (the KV per example in the report)."""

@@ -8,7 +8,8 @@ paper; batching across examples needs nothing from it.
 
 - Slots. `batch_size` slots, each a set of member clones (`Member.clone`: the same weights and tokenisation,
   a context of its own). An example runs in a slot; a finished example's slot takes the next one at the start
-  of the next step (continuous batching), so its prompt is read beside the others' steps.
+  of the next step (continuous batching), so its prompt is read beside the others' steps, where every model's
+  device has room for it (`Executor.admits`: the KV the examples in flight hold, against the free memory).
 - Order. A step's requests are listed slot by slot, each example's in the order it asked for them: a request's
   place in that list is its place in a pass's row order, so which rows meet and where each sits, and so every
   float, never depend on anything but the examples. Examples that finish in the same step are handed back in
@@ -60,6 +61,12 @@ class Engine:
         self.queue: deque = deque()  # (key, item) waiting for a slot
 
     @property
+    def runners(self) -> list:
+        """The weights the slots' members run on, one each."""
+        members = [m for m in self.slots[0].members if m is not None] if self.slots else []
+        return list({id(m.runner): m.runner for m in members}.values())
+
+    @property
     def in_flight(self) -> int:
         return sum(slot.program is not None for slot in self.slots)
 
@@ -94,7 +101,7 @@ class Engine:
         of each example that finished, in slot order."""
         finished: list[tuple[int, Any, Any]] = []
         for slot in self.slots:
-            if slot.program is None and self.queue:
+            if slot.program is None and self.queue and self.executor.admits(self.runners, self.in_flight):
                 slot.key, item = self.queue.popleft()
                 slot.program = self.make(slot.members, item)
                 self._advance(slot, None, finished)

@@ -282,3 +282,32 @@ def test_a_long_scoring_job_beside_decoding_examples_does_not_stall_them(tiny):
             gaps.append(max(b - a for a, b in zip(during, during[1:])))
     assert gaps, "no completion was decoding while the text was scored"
     assert max(gaps) < (ended - started) / 3, (max(gaps), ended - started)
+
+
+def test_a_device_without_room_for_another_example_holds_it_back_and_every_example_decodes(
+    tiny, shared_data, monkeypatch
+):
+    """`Executor.admits`: an example joins the batch only where every device has room for its KV and one example's
+    more beside those in flight; a full device holds it back, it is not an error, and every example's text is its
+    decode alone. The executor knows what an example holds from the first it decoded."""
+    nq = (shared_data / "adafuse_local_datasets/NaturalQuestions/dev/nq_prompt.txt").read_text() + "\n\n"
+    questions = ["who wrote hamlet", "where is the eiffel tower", "when did ww2 end", "what is the capital of peru"]
+    requests = [Request(nq + f"Question: {q}\nAnswer:", ("\n",), 8, prefix=nq) for q in questions]
+    alone = [tiny.decode(r) for r in requests]
+    executor, in_flight = Executor(), []
+    dict(tiny.decode_stream(enumerate(requests[:1]), batch_size=1, executor=executor))  # what one example holds
+    one_example = sum(c.kv_peak_bytes_per_example for c in executor.counts.values())
+    ledgers = [m.runner.ledger for m in tiny.members]
+    backend = tiny.members[0].runner.backend
+    capacity = ledgers[0].prefixes + ledgers[1].prefixes + 4 * one_example  # room for about two examples, not four
+    monkeypatch.setattr(type(backend), "free_memory", lambda self, device: capacity - sum(l.held for l in ledgers))
+    run = executor.run
+
+    def spy(plans, requests_, examples):
+        in_flight.append(examples)
+        return run(plans, requests_, examples)
+
+    executor.run = spy
+    decoded = dict(tiny.decode_stream(enumerate(requests), batch_size=4, executor=executor))
+    assert 1 < max(in_flight) < 4
+    assert [decoded[i].text for i in range(4)] == [g.text for g in alone]

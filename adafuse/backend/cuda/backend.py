@@ -24,7 +24,7 @@ from adafuse.backend.attention import split_attention
 from adafuse.backend.cuda import layers
 from adafuse.backend.cuda.attention import KERNEL, packed_attention, torch_varlen
 from adafuse.backend.cuda.choice import Choice, decide
-from adafuse.backend.exact import MEMORY_SHARE, alone_pass, finish
+from adafuse.backend.exact import MEMORY_SHARE, alone_pass, device_free_memory, finish
 from adafuse.backend.forward import ForwardContext, forward_context
 from adafuse.backend.interface import ALONE, MERGED, PREFIX, Backend, Execution, Pass, Prepared, Ran
 from adafuse.backend.live import on_device
@@ -95,12 +95,10 @@ class CudaBackend(Backend):
             return [finish(read, result) for read, result in zip(p.reads, logits)]
 
     def memory_budget(self, device: torch.device) -> int:
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            return int(free * MEMORY_SHARE)
-        import psutil
+        return int(device_free_memory(device) * MEMORY_SHARE)
 
-        return int(psutil.virtual_memory().available * MEMORY_SHARE)
+    def free_memory(self, device: torch.device) -> int:
+        return device_free_memory(device)
 
     def describe(self, model: Prepared, exact: bool) -> dict:
         return self.choices[id(model.model)].describe(exact)
