@@ -30,7 +30,7 @@ class ModelConfig:
     # sha256 of the GGUF file; checked before the file is used.
     sha256: str | None = None
     dtype: str = "float32"  # "auto": bfloat16 on a GPU, float32 on the CPU
-    device: str = "auto"  # "auto": cuda if available, else cpu
+    device: str = "auto"  # "auto": member k of an ensemble on the k-th visible GPU (cycling), else the CPU
     trust_remote_code: bool = False  # run a hub repository's own code; no shipped model config needs it
     revision: str | None = None  # hub revision (branch, tag or commit)
     chat_template: bool = False  # render prompts with the model's own chat template (spec §1)

@@ -344,9 +344,9 @@ def summary(task: Task, records: list[dict], settings, models, out: RunDir) -> d
         "models": [m.name for m in models],
         "n": len(records),
         "limit": task.cfg.limit,
-        # Per model, summed over the processes that decoded (batching.jsonl): how requests met
-        # ("attention"/"linear": merged, row_tiles, per_request or alone) and "passes", "merged_passes", "rows",
-        # "merged_prompts", "seconds" (its passes' wall time).
+        # Per model, summed over the processes that decoded (batching.jsonl): how requests met ("attention":
+        # per_request or alone; "linear": row_tiles or stock) and "passes", "merged_passes", "rows",
+        # "merged_prompts", "prefix_passes", "seconds" (its passes' time), and the most KV any process held.
         "batching": {
             "batch_size": settings.batch_size,
             "exact": settings.batch_exact,

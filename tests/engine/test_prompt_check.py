@@ -1,11 +1,11 @@
-"""Ensemble.prompt_check (adafuse/prompt_check.py) on the bundled pair: the counts `prompt_lengths` gives, from its
+"""Ensemble.prompt_check (adafuse/text/prompt_check.py) on the bundled pair: the counts `prompt_lengths` gives, from its
 own tokenizers; a prompt longer in bytes than a context can hold refused without any tokenizer reading it; and how
 far each kind of normalizer may shrink a prompt before its tokens are counted."""
 
 import pytest
-from adafuse.prompt_check import _shrink
 
 from adafuse.errors import ContextLengthError
+from adafuse.text.prompt_check import _shrink
 
 PROMPTS = ["Question: What is the capital of France?\nAnswer:", "naïve café <bos> <|im_end|> 東京", "word " * 9000]
 

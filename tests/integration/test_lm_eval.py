@@ -11,6 +11,7 @@ from lm_eval import simple_evaluate
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
+from adafuse.engine.loop import drive
 from adafuse.errors import ConfigError, ContextLengthError
 from adafuse.member.cache import PromptStore
 from adafuse.methods.scoring import loglikelihood
@@ -177,9 +178,9 @@ def test_contexts_that_share_exemplars_read_them_once_and_score_the_same_in_any_
     members = [clone(m) for m in tiny.members]
     for member in members:
         member.runner.prompts = PromptStore()
-    forward = loglikelihood(members, requests)
+    forward = drive(loglikelihood(members, requests))
     assert all(len(member.runner.prompts.entries) == 1 for member in members)
-    assert loglikelihood(members, requests[::-1])[::-1] == forward
+    assert drive(loglikelihood(members, requests[::-1]))[::-1] == forward
 
 
 @pytest.mark.parametrize(

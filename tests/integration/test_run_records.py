@@ -44,7 +44,12 @@ def test_config_and_metrics_record_the_device_and_dtype_the_models_loaded_with(t
         {"name": m.name, "device": str(m.model.device), "dtype": str(m.model.dtype).removeprefix("torch."), "gpu": None}
         for m in tiny.members
     ]
+    # and how each model's passes ran, once it had loaded: the CPU's exact backend, batch-invariant
+    passes = [model.pop("passes") for model in recorded["models"]]
     assert recorded == {"torch": str(torch.__version__), "models": loaded}
+    assert passes == [m.runner.backend.describe(m.runner.prepared, exact=True) for m in tiny.members]
+    assert {p["backend"] for p in passes} == {"cpu-exact"} and all(p["batch_invariant"] for p in passes)
+    recorded["models"] = [model | {"passes": p} for model, p in zip(recorded["models"], passes)]
     assert "auto" not in json.dumps(recorded)
     assert metrics["runtime"] == recorded
 
@@ -64,6 +69,7 @@ def test_config_and_metrics_record_the_device_and_dtype_the_models_loaded_with(t
     # Exact batching, two examples in flight: both models' passes met, attention per request.
     batching = metrics["batching"]
     assert (batching["batch_size"], batching["exact"], batching["side_by_side"]) == (8, True, True)
+    assert batching["batch_invariant"]
     assert list(batching["models"]) == ["smollm2_135m", "gemma3_270m"]
     for how in batching["models"].values():
         assert how["attention"] == "per_request" and how["linear"] == "row_tiles"
@@ -78,7 +84,8 @@ def test_metrics_add_up_the_batching_of_every_process_that_decoded(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "batching.jsonl").read_text().splitlines()]
     assert [line["examples"] for line in lines] == [1, 1]
     once, twice = first["batching"]["models"]["smollm2_135m"], whole["batching"]["models"]["smollm2_135m"]
-    assert (twice["attention"], twice["linear"]) == ("merged", "merged")  # inexact: one computation over all rows
+    assert (twice["attention"], twice["linear"]) == ("per_request", "stock")  # inexact: the stock kernels
+    assert not whole["batching"]["batch_invariant"]
     assert twice["merged_passes"] == 0  # one example in flight: nothing to meet
     assert twice["passes"] == sum(line["models"]["smollm2_135m"]["passes"] for line in lines) > once["passes"]
 
