@@ -12,7 +12,7 @@ import pytest
 
 from adafuse.backend.cuda import available
 from tests.support.paths import ROOT
-from tools import gpu_full
+from tools import gpu_full, render_docs
 
 RUNS = [run.name for run in gpu_full.FIRST + gpu_full.WARM]
 PROMPTS = {
@@ -96,3 +96,11 @@ def test_the_dry_run_runs_every_step_and_records_it(shared_data, tmp_path, requi
     assert record["goals"]["batch_8_texts_equal_batch_1_or_said_batch_dependent"]["met"] is True
     assert record["goals"]["gsm8k_b32_without_running_out_of_memory"]["met"] is True
 
+    # docs/speed.md's block, once a GPU's record is committed: every run in it, every goal, the op report
+    table = render_docs.RENDERERS["gpu-full"][1](record)
+    assert "a dry run" in table and table.count("\n| linear |") == len(ops["linear"])
+    assert all(f"| {render_docs.GPU_RUN_LABELS[name]} |" in table for name in RUNS)
+    assert (
+        "| batch 8's texts equal batch 1's, or the run says it is batch-dependent | 3/3; batch-invariant: yes | yes |"
+        in table
+    )
