@@ -197,7 +197,7 @@ def ops(job: dict) -> dict:
         "rms_norm": norms,
         "log_softmax": softmax,
         "attention": attention,
-        "attention_ways": attention_probe.probe(str(device), torch.bfloat16, **heads_of),
+        "attention_ways": attempt(lambda probe: probe(str(device), torch.bfloat16, **heads_of), attention_probe.probe),
     }
 
 
