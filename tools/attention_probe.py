@@ -23,7 +23,7 @@ output of one call against its output alone, bit for bit, and the time of each w
   with the key/value sequence never split across thread blocks (`num_splits=1`, torch >= 2.13), which its
   documentation says makes a sequence's bits independent of the batch.
 
-`python -m tools.gpu_check --full` records it for the paper's pair on the GPU (`attention`).
+`python -m tools.gpu_check --full` records it for the paper's pair on the GPU (`ops.attention_ways`).
 """
 
 import argparse

@@ -2,7 +2,7 @@
 
     python -m tools.gpu_check              # results/bench/gpu_check.json
     python -m tools.gpu_check --dry-run    # on a CPU: every step at its smallest, to check the script
-    python -m tools.gpu_check --full       # the paper's pair at its real sizes instead (tools/gpu_full.py)
+    python -m tools.gpu_check --full       # the paper's pair on the user's path instead (tools/gpu_full.py)
 
 1. The reference-agreement tests on the device (pytest: the fast decoder against the cache-free
    reference; batch invariance and single == generate() on the paper-shaped pair).
@@ -23,12 +23,10 @@ out of time loses only itself. Needs the project installed with a CUDA build of 
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,8 +39,9 @@ from adafuse.engine.executor import Executor
 from adafuse.engine.loop import decode_many, drive
 from adafuse.methods import METHODS
 from eval.tasks import BESIDE_CHECKOUT as SHARED_DATA
-from tools import make_paper_pair
+from tools import gpu_full, make_paper_pair
 from tools.bench_decode import compare_exact_batching, task_requests
+from tools.gpu_record import StepRecord, environment
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,20 +52,6 @@ TESTS = [
     "tests/engine/test_paper_pair_methods.py::test_adafuse_agrees_with_the_reference",
     "tests/engine/test_paper_pair_methods.py::test_single_equals_generate",
 ]
-
-
-def environment() -> dict:
-    import transformers
-
-    cuda = torch.cuda.is_available()
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "cuda": torch.version.cuda,
-        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
-        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32 if cuda else None,
-    }
 
 
 def reference_tests(out: Path, dry_run: bool, seconds: float) -> dict:
@@ -154,51 +139,26 @@ def bench_sections(out: Path, dry_run: bool, seconds: float) -> dict:
     return sections
 
 
-class StepRecord:
-    """A check's JSON, written again as each step ends, so that a check stopped at any point keeps every
-    step that ended. Steps share one deadline: a step with no time left is skipped and says so."""
-
-    def __init__(self, out: Path, seconds: float, record: dict):
-        self.out, self.deadline, self.record = out, time.perf_counter() + seconds, record
-        out.parent.mkdir(parents=True, exist_ok=True)
-
-    def left(self) -> float:
-        return self.deadline - time.perf_counter()
-
-    def step(self, name: str, run: Callable[[float], dict]) -> dict:
-        """Record `run(seconds left)` under `name`, with the seconds it took."""
-        started, left = time.perf_counter(), self.left()
-        try:
-            result = run(left) if left > 0 else {"skipped": "out of time"}
-        except Exception as err:  # a step that fails is recorded; the others still run
-            result = {"error": f"{type(err).__name__}: {err}"}
-        result["seconds"] = time.perf_counter() - started
-        self.put(name, result)
-        print(f"{name}: {result['seconds']:.0f} s", flush=True)
-        return result
-
-    def put(self, name: str, result: dict) -> None:
-        self.record[name] = result
-        self.out.write_text(json.dumps(self.record, indent=2) + "\n")
-
-
 def main() -> None:
-    from tools import gpu_full  # which imports this module's StepRecord
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="every step at its smallest, on any device")
-    parser.add_argument("--full", action="store_true", help="the paper's pair at its real sizes (tools/gpu_full.py)")
-    parser.add_argument("--limit", type=float, help="seconds for the whole check (480; a dry run: 3600)")
+    parser.add_argument("--full", action="store_true", help="the paper's pair on the user's path (tools/gpu_full.py)")
+    parser.add_argument("--limit", type=float, help="seconds for the whole check (480; a dry run: more)")
     parser.add_argument("--data-dir", type=Path, default=SHARED_DATA)
     parser.add_argument("--out", type=Path, help="the JSON (results/bench/gpu_check.json; --full: gpu_full.json)")
-    parser.add_argument("--prompts", type=int, help=f"--full: NQ prompts ({gpu_full.PROMPTS}; a dry run: fewer)")
-    parser.add_argument("--budget", type=int, help=f"--full: new tokens per prompt ({gpu_full.BUDGET})")
+    full = parser.add_argument_group("--full")
+    full.add_argument("--layers", type=int, help=f"layers of each model at the real width ({gpu_full.REAL_LAYERS})")
+    full.add_argument("--prompts", type=int, help=f"NQ prompts ({gpu_full.FULL.prompts['nq'][0]}; twice at batch 32)")
+    full.add_argument("--budget", type=int, help=f"NQ's new tokens per prompt ({gpu_full.FULL.prompts['nq'][1]})")
+    full.add_argument("--work", type=Path, help="where the pair and the runs go, kept (default: a temporary folder)")
+    full.add_argument("--logs", type=Path, help="a folder for a copy of each child process's log")
     args = parser.parse_args()
     if not args.dry_run and not torch.cuda.is_available():
         sys.exit("no CUDA GPU here: run on a GPU machine, or use --dry-run to check the script")
     if args.full:
         out = args.out or ROOT / "results/bench/gpu_full.json"
-        gpu_full.check(out, args.data_dir, args.dry_run, args.limit, args.prompts, args.budget)
+        figures = (args.limit, args.layers, args.prompts, args.budget)
+        gpu_full.check(out, args.data_dir, args.dry_run, *figures, args.work, args.logs)
         print(f"written to {out}")
         return
     out = args.out or ROOT / "results/bench/gpu_check.json"

