@@ -8,6 +8,7 @@ builds the engine's dataclasses, before any model loads.
 """
 
 import codecs
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field, fields, make_dataclass
@@ -177,12 +178,21 @@ def method_schema(name: str) -> type:
 _registered = False
 
 
+RUN_ID_BYTES = 200  # a file name holds 255 bytes; a longer run id keeps its start and a digest of the whole
+
+
 def run_id(override_dirname: str, batch_exact: bool = True, batch_size: int = DEFAULT_BATCH_SIZE) -> str:
     """The run directory's last part: the overrides that can change predictions, or 'default'. Without
-    exact batching, the batch size is one of them."""
+    exact batching, the batch size is one of them. One too long for a file name (models given by absolute
+    paths) keeps its first characters and a digest of all of it: still one name per set of overrides."""
     if not batch_exact:
         override_dirname = ",".join(filter(None, [override_dirname, f"batch_size={batch_size}"]))
-    return override_dirname.replace("/", "%") if override_dirname else "default"
+    name = override_dirname.replace("/", "%") if override_dirname else "default"
+    if len(name.encode()) <= RUN_ID_BYTES:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    start = name.encode()[: RUN_ID_BYTES - len(digest) - 1].decode(errors="ignore")
+    return f"{start}~{digest}"
 
 
 def resumable_settings(config: dict) -> set[str]:

@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 
 from adafuse import AdaFuseConfig, Ensemble, SingleConfig
-from adafuse.backend import backend_for
 from adafuse.config import ModelConfig
 from adafuse.engine.executor import Executor
 from adafuse.engine.loop import decode_many, drive
@@ -77,11 +76,12 @@ def paper_pair_bf16() -> Ensemble:
 
 
 def exact_batching(prompts: int, data_dir: Path) -> dict:
-    """bench_decode's section 6 on the paper's pair in shape, bfloat16: the row tiles each linear layer
-    chose on this device (adafuse/backend/tiles.py) and what exactness costs at batch 8."""
+    """bench_decode's section 7 on the paper's pair in shape, bfloat16: how each model's passes run on this device
+    (its backend's record: on a GPU, which kernels keep a row's bits; adafuse/backend/) and what exactness costs
+    at batch 8."""
     pair = paper_pair_bf16()
     report = compare_exact_batching(pair, data_dir, "nq", prompts)
-    report["tile_rows"] = {str(key): rows for key, rows in backend_for(pair.members[0].device).probes.tile_rows.items()}
+    report["passes"] = dict(zip([m.name for m in pair.members], pair.passes(exact=True)))
     return report
 
 

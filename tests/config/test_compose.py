@@ -201,3 +201,13 @@ def test_sweep_bookkeeping_stays_out_of_the_results_tree():
     assert cfg.hydra.sweep.subdir == f"{os.getcwd()}/results/nq/adafuse/tiny/method.tau=0.5"
     assert cfg.hydra.sweep.dir.startswith("multirun/")  # multirun.yaml
     assert cfg.hydra.launcher.submitit_folder == f"{cfg.hydra.sweep.dir}/.submitit/%j"
+
+
+def test_a_run_id_too_long_for_a_file_name_keeps_its_start_and_a_digest_of_the_whole():
+    """Models given by long absolute paths (the GPU check's, a cluster's scratch disk) made a run directory's name
+    longer than a file name may be; it is cut to its start and a digest, one name per set of overrides."""
+    long = [f"model_pair.members.m{k}.path=/scratch/{'x' * 150}/model_{k}" for k in range(2)]
+    name = run_id(",".join(long))
+    assert len(name.encode()) <= 200 and name.startswith("model_pair.members.m0.path=%scratch%")
+    assert name == run_id(",".join(long)) and name != run_id(",".join(long[::-1]))
+    assert run_id("method.tau=0.5") == "method.tau=0.5"

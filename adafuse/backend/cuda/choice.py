@@ -26,8 +26,12 @@ import torch.nn.functional as F
 from adafuse.backend.cuda import available, kernels, layers
 from adafuse.backend.probe_store import ProbeStore, Verdicts
 
-ROWS = (1, 2, 3, 4, 5, 8, 16, 31, 32, 64, 128)  # the row counts a merged pass reaches, or a probe of them
-REQUESTS = (1, 2, 5, 16)  # requests in one attention call
+# The row counts a merged pass reaches (a GSM8K step at batch 32 packs thousands of positions), and the requests and
+# cached keys one attention call sees (cuBLAS and FlashAttention pick kernels, split-K and split-KV by them). On a
+# CPU tensor, where the kernels run interpreted for the tests, the small ones.
+ROWS = {"cuda": (1, 2, 3, 4, 5, 8, 16, 31, 32, 64, 128, 256, 512, 1024, 2048, 4096), "cpu": (1, 2, 3, 5, 8, 32, 64)}
+REQUESTS = (1, 2, 5, 16)
+CACHED_KEYS = {"cuda": 1100, "cpu": 60}
 
 
 @dataclass(frozen=True)
@@ -190,10 +194,11 @@ def probe_rows(count: int, width: int, like: torch.Tensor, seed: int = 0) -> tor
 def rows_keep_bits(op, width: int, like: torch.Tensor) -> bool:
     """Does `op` (rows, width) -> (rows, ...) give its first and its last row the bits each gets alone, among every
     count of ROWS rows?"""
+    counts = ROWS.get(like.device.type, ROWS["cpu"])
     with torch.inference_mode():
-        x = probe_rows(max(ROWS), width, like)
-        alone = {i: op(x[i : i + 1]) for i in sorted({0, *(n - 1 for n in ROWS)})}
-        for n in ROWS:
+        x = probe_rows(max(counts), width, like)
+        alone = {i: op(x[i : i + 1]) for i in sorted({0, *(n - 1 for n in counts)})}
+        for n in counts:
             out = op(x[:n])
             for i in (0, n - 1):
                 if not torch.equal(out[i : i + 1], alone[i]):
@@ -203,9 +208,10 @@ def rows_keep_bits(op, width: int, like: torch.Tensor) -> bool:
 
 def requests_keep_bits(attention, heads: int, kv_heads: int, head_dim: int, like: torch.Tensor) -> bool:
     """Does `attention(q, k, v, cu_q, cu_k, scale, window, max_q, max_k)` give a request the bits it gets alone,
-    among 1 to 16 requests of other lengths (a step of one query, a prompt's tail, rows of a fork), first, in the
-    middle and last?"""
-    shapes = [(1 + (7 * i) % 9, 3 + (13 * i) % 61) for i in range(max(REQUESTS))]  # (queries, cached keys)
+    among 1 to 16 requests of other lengths (a step of one query, a prompt's tail, rows of a fork, after up to
+    CACHED_KEYS keys), first, in the middle and last?"""
+    longest = CACHED_KEYS.get(like.device.type, CACHED_KEYS["cpu"])
+    shapes = [(1 + (7 * i) % 9, 3 + (13 * i * longest // 60) % longest) for i in range(max(REQUESTS))]  # (q, cached)
     generator = torch.Generator(device=like.device).manual_seed(1)
 
     def draw(n: int, h: int) -> torch.Tensor:
