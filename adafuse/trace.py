@@ -15,7 +15,10 @@ class Stats:
     words_per_round: list[int] = field(default_factory=list)  # words in each round's winner
     tokens_generated: list[int] = field(default_factory=list)  # per model: ids of the output in its vocabulary
     tokens_fed: list[int] = field(default_factory=list)  # per model: token positions through forward, padding included
-    forward_passes: list[int] = field(default_factory=list)  # per model
+    # per model: the forward passes this example asked for (its prompt's read included). Batched, the engine runs
+    # several examples' requests in one merged pass, each computed as its own pass alone, so each counts here;
+    # the passes the engine ran are metrics.json's `batching` (adafuse/engine/executor.py)
+    forward_passes: list[int] = field(default_factory=list)
     seconds: float = 0.0
     # decoding ended in one more round, not counted in `rounds`, whose every candidate stopped at the same
     # text: it ended there, its words neither completed nor scored (adafuse/methods/adafuse.py RoundEnd)

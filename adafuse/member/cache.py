@@ -7,12 +7,14 @@ buffer's end (its `filled` positions), else into a new buffer of the context's o
 one whose buffer another context has already grown past). So a view of a buffer's positions is never written:
 every write goes past `filled`, which no view covers.
 
-A fork (`ForkLayer`: branch rows, candidates to score, a beam) continues a context's first `upto` positions
-with positions of its own, in a small buffer of its own: it reads the context's positions in place and never
-copies them. Attention needs each row's positions as one tensor: a fork layer makes it when a pass asks for it
-(the shared positions expanded over the rows, then the row's own) and lets it go after that layer's attention,
-so one fork layer's whole view exists at a time, not one per row per layer for the length of a round. The
-attention's inputs are the same values either way, and so are its bits (docs/speed.md, "Memory").
+A fork (`ForkLayer`: branch rows, candidates to score, a beam) continues a context's first `upto` positions with
+positions of its own, in a small buffer of its own: it reads the context's positions in place and never copies
+them. A fork of one row at the end of its context's buffer (a proposal's words) writes its positions there, after
+the context's, in place: a pass reads them as they are, and committing it copies nothing. Attention needs each
+row's positions as one tensor: a fork layer of several rows makes it when a pass asks for it (the shared positions
+expanded over the rows, then the row's own) and lets it go after that layer's attention, so one fork layer's whole
+view exists at a time, not one per row per layer for the length of a round. The attention's inputs are the same
+values either way, and so are its bits (docs/speed.md, "Memory").
 
 Committing a fork's row (`commit_row`) appends that row's own positions to the context it forked: in place, so
 a round copies only its new positions. All layers are full-length, also for sliding-window models (Gemma 3):
@@ -137,8 +139,14 @@ class ContextLayer(DynamicLayer):
 
 class ForkLayer(DynamicLayer):
     """One layer of `rows` rows that continue the first `upto` positions of a context's buffer (read in place,
-    never copied), each with `own_length` positions of its own after them (the fork's own buffer). A pass gets
-    every row's whole keys and values, made for it (`whole`); `keys` and `values` make them too, when read."""
+    never copied), each with `own_length` positions of its own after them. A pass gets every row's whole keys and
+    values (`whole`); `keys` and `values` give them too, when read.
+
+    Its own positions live in a small buffer of its own (`own`), made into one tensor with the context's for a
+    pass. One row at the end of the context's buffer (a proposal's words) writes them there instead, after the
+    context's, in place (`riding`): a pass reads the buffer as it is, and committing the row copies nothing. Where
+    it cannot go on so (another fork wrote there first, or the buffer is full), it moves its few positions to a
+    buffer of its own and goes on there."""
 
     ROOM = 16  # a fork grows a few tokens at a time, in every one of its rows
 
@@ -147,6 +155,7 @@ class ForkLayer(DynamicLayer):
         self.is_initialized = True
         self.device, self.dtype = base.keys.device, base.keys.dtype
         self.base, self.upto, self.rows, self.own, self.own_length = base, upto, rows, own, own_length
+        self.riding = False  # its own positions are the base buffer's, from `upto` on
 
     @property
     def keys(self) -> torch.Tensor | None:
@@ -170,25 +179,42 @@ class ForkLayer(DynamicLayer):
         return self.upto + self.own_length
 
     def whole(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every row's keys and values, (rows, heads, upto + own_length, head_dim): a new tensor each."""
-        parts = []
-        for shared, own in (
-            (self.base.keys, None if self.own is None else self.own.keys),
-            (self.base.values, None if self.own is None else self.own.values),
-        ):
-            shared = shared[:1, :, : self.upto].expand(self.rows, -1, -1, -1)
-            parts.append(shared if not self.own_length else torch.cat([shared, own[:, :, : self.own_length]], dim=2))
-        return parts[0], parts[1]
+        """Every row's keys and values, (rows, heads, upto + own_length, head_dim): a view of the base buffer where
+        the fork rides it, else a new tensor each."""
+        end = self.upto + self.own_length
+        if self.riding:
+            return self.base.keys[:, :, :end], self.base.values[:, :, :end]
+        keys = self.base.keys[:1, :, : self.upto].expand(self.rows, -1, -1, -1)
+        values = self.base.values[:1, :, : self.upto].expand(self.rows, -1, -1, -1)
+        if not self.own_length:
+            return keys, values
+        own = self.own
+        keys = torch.cat([keys, own.keys[:, :, : self.own_length]], dim=2)
+        return keys, torch.cat([values, own.values[:, :, : self.own_length]], dim=2)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if self.own is None:
-            self.own = KVBuffer.empty(self.base, self.rows, key_states.shape[2] + self.ROOM)
-        self.own = _append(self.own, self.own_length, key_states, value_states, self.ROOM)
-        self.own_length += key_states.shape[2]
+        end, new = self.upto + self.own_length, key_states.shape[2]
+        at_tip = self.base.filled == end and not self.base.frozen and end + new <= self.base.capacity
+        if self.rows == 1 and at_tip and (self.riding or not self.own_length):
+            self.base.write(end, key_states, value_states)
+            self.riding = True
+        else:
+            if self.riding:  # its positions move to a buffer of its own
+                self.own = KVBuffer.empty(self.base, 1, self.own_length + new + self.ROOM)
+                riding = slice(self.upto, end)
+                self.own.write(0, self.base.keys[:, :, riding], self.base.values[:, :, riding])
+                self.riding = False
+            elif self.own is None:
+                self.own = KVBuffer.empty(self.base, self.rows, new + self.ROOM)
+            self.own = _append(self.own, self.own_length, key_states, value_states, self.ROOM)
+        self.own_length += new
         return self.whole()
 
     def of_rows(self, rows: list[int]) -> "ForkLayer":
-        """A fork of the given rows, in that order, over the same context positions (their own copied)."""
+        """A fork of the given rows, in that order, over the same context positions (their own copied; where it
+        rides the base buffer, they are the buffer's: read in place)."""
+        if self.riding:
+            return ForkLayer(self.base, self.upto + self.own_length, len(rows))
         if self.own is None or not self.own_length:
             return ForkLayer(self.base, self.upto, len(rows))
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
@@ -199,8 +225,8 @@ class ForkLayer(DynamicLayer):
     def continued(self, row: int, end: int, rows: int) -> "ForkLayer":
         """`rows` rows that each continue row `row` up to position `end` (its real tokens)."""
         length = end - self.upto
-        if not length:
-            return ForkLayer(self.base, self.upto, rows)
+        if self.riding or not length:
+            return ForkLayer(self.base, end, rows)
         own = KVBuffer.empty(self.own, rows, length + self.ROOM)
         keys, values = self.own.keys[row : row + 1, :, :length], self.own.values[row : row + 1, :, :length]
         own.write(0, keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1))
@@ -208,7 +234,10 @@ class ForkLayer(DynamicLayer):
 
     def committed(self, row: int, end: int) -> ContextLayer:
         """The context that row `row` makes up to position `end`: the forked context's first `upto` positions
-        and the row's own after them, appended in place where that context's buffer ends at `upto`."""
+        and the row's own after them, appended in place where that context's buffer ends at `upto` (where the fork
+        rides the buffer, they are there already)."""
+        if self.riding:
+            return ContextLayer(self.base, end)
         length = end - self.upto
         context = ContextLayer(self.base, self.upto)
         if length:
@@ -250,12 +279,12 @@ def select_rows(fork: DynamicCache, rows: list[int]) -> DynamicCache:
 
 
 def continue_row(fork: DynamicCache, row: int, end: int, rows: int) -> DynamicCache:
-    """`rows` rows that continue a fork's row up to position `end` (`ForkLayer.continued`)."""
+    """`rows` rows that continue a fork's row up to position `end` (`continued`)."""
     return _cache([layer.continued(row, end, rows) for layer in fork.layers])
 
 
 def commit_row(fork: DynamicCache, row: int, end: int) -> DynamicCache:
-    """The context that a fork's row makes up to position `end` (`ForkLayer.committed`)."""
+    """The context that a fork's row makes up to position `end` (`committed`)."""
     return _cache([layer.committed(row, end) for layer in fork.layers])
 
 

@@ -151,8 +151,9 @@ def test_cache_length_equals_context_after_every_decode(paper_pair):
 def test_a_fork_reads_its_context_in_place_and_no_write_reaches_a_view_handed_out(smol):
     """adafuse/member/cache.py: a fork holds only its own positions (the context's are read where they are) and
     grows them in place; committing a row appends its positions to the context's own buffer in place; a row's
-    context taken before more steps, and a view of the context taken before the commit, keep their values; a
-    crop makes the next read start a buffer of its own; every context still matches full forward passes."""
+    context taken before more steps, and a view of the context taken before the commit, keep their values; one row
+    at the context's end writes in the context's buffer and commits without a copy; a crop makes the next read
+    start a buffer of its own; every context still matches full forward passes."""
     m = clone(smol)
     drive(m.start("The quick brown fox"))
     context = m.cache.layers[0]
@@ -176,6 +177,17 @@ def test_a_fork_reads_its_context_in_place_and_no_write_reaches_a_view_handed_ou
     assert m.cache.get_seq_length() == len(m.ids) and torch.equal(
         m.cache.layers[0].keys[:, :, : before.shape[2]], before
     )
+    # one row at the context's end (a proposal) writes its positions in the context's buffer, and its commit
+    # copies nothing; a second fork there finds the end taken and writes a buffer of its own
+    buffer, length = m.cache.layers[0].buffer, m.cache.get_seq_length()
+    tip, late = m.fork(1), m.fork(1)
+    drive(tip.extend([[12]]))
+    drive(late.extend([[13]]))
+    assert tip.cache.layers[0].riding and not late.cache.layers[0].riding and buffer.filled == length + 1
+    assert torch.allclose(late.last[0], full_next_logprobs(m, m.ids + [13]), atol=1e-4)
+    m.commit(tip, 0, "", m.text_of([12]))
+    assert m.cache.layers[0].buffer is buffer and m.cache.get_seq_length() == len(m.ids) == length + 1
+    assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
     m.cache.crop(-1)  # a rollback: the next read starts a buffer of its own
     m.context.ids = m.ids[:-1]
     drive(m.feed([11]))

@@ -17,6 +17,7 @@ Verdicts are kept in a probe store named by the GPU's facts (adafuse/backend/pro
 process on the same GPU and software, another node of a cluster included, reads them instead of probing.
 """
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -25,6 +26,8 @@ import torch.nn.functional as F
 
 from adafuse.backend.cuda import available, kernels, layers
 from adafuse.backend.probe_store import ProbeStore, Verdicts
+
+log = logging.getLogger(__name__)
 
 # The row counts a merged pass reaches (a GSM8K step at batch 32 packs thousands of positions), and the requests and
 # cached keys one attention call sees (cuBLAS and FlashAttention pick kernels, split-K and split-KV by them). On a
@@ -93,8 +96,8 @@ def decide(model, device: torch.device, unknown_norms: list[str], stock_varlen, 
     def both(op: str, key: tuple, stock, kernel) -> dict:
         table = tables[op]
         return {
-            "stock": table.get_or_probe(("stock", *key), stock),
-            "kernel": table.get_or_probe(("kernel", *key), kernel) if have_kernels else None,
+            "stock": table.get_or_probe(("stock", *key), _or_false(op, "stock", stock)),
+            "kernel": table.get_or_probe(("kernel", *key), _or_false(op, "kernel", kernel)) if have_kernels else None,
         }
 
     linears = {}
@@ -156,6 +159,20 @@ def decide(model, device: torch.device, unknown_norms: list[str], stock_varlen, 
         verdicts=verdicts,
         probe_seconds=time.perf_counter() - started,
     )
+
+
+def _or_false(op: str, which: str, probe):
+    """`probe`, where a kernel that cannot run here (a dtype, a head size or a GPU it does not support; a Triton
+    that cannot compile for this GPU) counts as one that does not keep the bits, with the reason in the log."""
+
+    def guarded() -> bool:
+        try:
+            return probe()
+        except Exception as err:  # noqa: BLE001 - whatever stops a kernel here, the other one, or none, is used
+            log.warning("%s (%s kernel) cannot run here: %s: %s", op, which, type(err).__name__, err)
+            return False
+
+    return guarded
 
 
 def _all(found: list[dict]) -> dict:
