@@ -24,6 +24,22 @@ from adafuse.backend.transformers_check import check_model, check_transformers
 MEMORY_SHARE = 0.8  # of the memory free at a step, what its passes may take
 
 
+def prepared_for(model) -> Prepared:
+    """How a pass calls `model`, once its backend has installed what it changes in it."""
+    params = inspect.signature(model.forward).parameters
+    body = model.get_decoder()
+    return Prepared(
+        model=model,
+        device=model.device,
+        # transformers >= 5.24 names the argument `cache`; 5.23 and remote-code models `past_key_values`
+        cache_arg="cache" if "cache" in params else "past_key_values",
+        body=body,
+        body_cache_arg="cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values",
+        keeps_last="logits_to_keep" in params,
+        splits_attention=split_attention(model),
+    )
+
+
 class ExactBackend(Backend):
     """Row tiles and per-request attention (module docstring); the probes' verdicts in `probes`."""
 
@@ -39,18 +55,7 @@ class ExactBackend(Backend):
         if id(model) not in self._prepared:
             check_model(model)
             self._install(model)
-            params = inspect.signature(model.forward).parameters
-            body = model.get_decoder()
-            self._prepared[id(model)] = Prepared(
-                model=model,
-                device=model.device,
-                # transformers >= 5.24 names the argument `cache`; 5.23 and remote-code models `past_key_values`
-                cache_arg="cache" if "cache" in params else "past_key_values",
-                body=body,
-                body_cache_arg="cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values",
-                keeps_last="logits_to_keep" in params,
-                splits_attention=split_attention(model),
-            )
+            self._prepared[id(model)] = prepared_for(model)
         return self._prepared[id(model)]
 
     def _install(self, model) -> None:

@@ -13,11 +13,6 @@ processes import triton compiled long before this file); `TRITON_INTERPRET=1 pyt
 directly. The bits of the compiled kernels on a GPU are the GPU check's to confirm (tools/gpu_check).
 """
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -27,35 +22,18 @@ from adafuse.backend import ALONE, MERGED, Execution, Pass, Read, backend_for
 from adafuse.backend.cuda import available
 from adafuse.backend.probe_store import ProbeStore
 from adafuse.member.cache import KVLedger, context_cache, fork_cache, view_cache
+from tests.support.interpreter import compiled, interpreted, run_interpreted
 
 pytestmark = pytest.mark.slow
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "").strip().lower() in {"1", "true", "yes", "on"}
 CHILD_SECONDS = 900
-
-
-def interpreted(test):
-    test.__test__ = INTERPRETED
-    return test
-
-
-def compiled(test):
-    test.__test__ = not INTERPRETED
-    return test
 
 
 @compiled
 def test_the_cuda_backend_under_the_interpreter(require):
     """This file's tests, in a child process started with TRITON_INTERPRET=1; its report on failure."""
     require(available(), "triton")
-    hidden = {"PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_CURRENT_TEST"}
-    env = {name: value for name, value in os.environ.items() if name not in hidden} | {"TRITON_INTERPRET": "1"}
-    command = [sys.executable, "-m", "pytest", "-n", "0", "-q", "-p", "no:cacheprovider", __file__]
-    child = subprocess.run(
-        command, cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=CHILD_SECONDS
-    )
-    report = child.stdout[-8000:] + child.stderr[-2000:]
-    assert child.returncode == 0, report
-    assert " passed" in report and "skipped" not in report, report
+    report = run_interpreted(__file__, CHILD_SECONDS)
+    assert "skipped" not in report, report
 
 
 def llama():

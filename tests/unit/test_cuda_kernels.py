@@ -5,26 +5,19 @@ tolerances; and the stock kernel that motivates them (F.linear on this CPU) does
 Triton's GPU compiler (no GPU needed) compiles each kernel as its op launches it for the A100 and the H100. The
 bits of the compiled kernels on a GPU are the GPU check's to confirm (tools/gpu_check).
 
-Triton reads TRITON_INTERPRET when it wraps a function, its own library's included, and those are wrapped when
-triton is first imported: by torch itself as soon as anything imports torch._dynamo (registering a custom op does),
-so in the suite's processes, long before this file. Setting the variable here would come too late. So the tests
-below are collected only in a process started with TRITON_INTERPRET=1 (`@interpreted`), and in any other,
-`test_kernels_under_the_interpreter` runs this file again in such a process and fails with its report. One run,
-whichever worker takes it: `TRITON_INTERPRET=1 pytest -n 0 tests/unit/test_cuda_kernels.py` runs them directly.
+Triton reads TRITON_INTERPRET when it is first imported, long before this file in the suite's processes
+(tests/support/interpreter.py), so the tests below are collected only in a process started with
+TRITON_INTERPRET=1, and in any other `test_kernels_under_the_interpreter` runs this file again in such a process
+and fails with its report. `TRITON_INTERPRET=1 pytest -n 0 tests/unit/test_cuda_kernels.py` runs them directly.
 """
-
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from adafuse.backend.cuda import available
+from tests.support.interpreter import compiled, interpreted, run_interpreted
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "").strip().lower() in {"1", "true", "yes", "on"}
 COUNTS = (1, 2, 3, 7, 16, 33, 64)  # rows (requests) in a call
 DTYPES = (torch.float32, torch.bfloat16)
 # Within dtype tolerances: float32 sums in another order than torch; bfloat16 rounds its outputs once or twice.
@@ -32,30 +25,12 @@ TOLERANCE = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.bfloat16: {"rtol
 CHILD_SECONDS = 600  # the whole file, interpreted: about 30 s on 2 shared cores
 
 
-def interpreted(test):
-    """Collected only in a process whose Triton interprets (see the module's docstring)."""
-    test.__test__ = INTERPRETED
-    return test
-
-
-def compiled(test):
-    """Collected only in a process whose Triton compiles, as the suite's (the child runs the others)."""
-    test.__test__ = not INTERPRETED
-    return test
-
-
 @compiled
 def test_kernels_under_the_interpreter(require):
     """This file's tests, in a child process started with TRITON_INTERPRET=1; its report on failure."""
     require(available(), "triton")
-    hidden = {"PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_CURRENT_TEST"}  # the child is no worker
-    env = {name: value for name, value in os.environ.items() if name not in hidden} | {"TRITON_INTERPRET": "1"}
-    command = [sys.executable, "-m", "pytest", "-n", "0", "-q", "-p", "no:cacheprovider", "--durations=5", __file__]
-    root = Path(__file__).resolve().parents[2]
-    child = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=CHILD_SECONDS)
-    report = child.stdout[-8000:] + child.stderr[-2000:]
-    assert child.returncode == 0, report
-    assert " passed" in report and " deselected" not in report, report
+    report = run_interpreted(__file__, CHILD_SECONDS)
+    assert " deselected" not in report, report
     # the one skip allowed: the stock control, on a machine whose F.linear happens to keep a row's bits
     skips = [line for line in report.splitlines() if line.startswith("SKIPPED") and "no control to show" not in line]
     assert not skips, report

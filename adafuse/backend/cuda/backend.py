@@ -15,16 +15,14 @@ said so where it does not.
 On a CPU tensor (the tests, with Triton's interpreter) the same code runs the kernels' logic without a GPU.
 """
 
-import inspect
 import time
 
 import torch
 
-from adafuse.backend.attention import split_attention
 from adafuse.backend.cuda import layers
 from adafuse.backend.cuda.attention import KERNEL, packed_attention, torch_varlen
 from adafuse.backend.cuda.choice import Choice, decide
-from adafuse.backend.exact import MEMORY_SHARE, alone_pass, device_free_memory, finish
+from adafuse.backend.exact import MEMORY_SHARE, alone_pass, device_free_memory, finish, prepared_for
 from adafuse.backend.forward import ForwardContext, forward_context
 from adafuse.backend.interface import ALONE, MERGED, PREFIX, Backend, Execution, Pass, Prepared, Ran
 from adafuse.backend.live import on_device
@@ -47,17 +45,7 @@ class CudaBackend(Backend):
         if id(model) not in self._prepared:
             check_model(model)
             unknown = layers.install(model)
-            params = inspect.signature(model.forward).parameters
-            body = model.get_decoder()
-            prepared = Prepared(
-                model=model,
-                device=model.device,
-                cache_arg="cache" if "cache" in params else "past_key_values",
-                body=body,
-                body_cache_arg="cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values",
-                keeps_last="logits_to_keep" in params,
-                splits_attention=split_attention(model),
-            )
+            prepared = prepared_for(model)
             store = self._store or ProbeStore.for_gpu(model.device)
             self.choices[id(model)] = decide(model, model.device, unknown, self._stock_varlen, store)
             self._prepared[id(model)] = prepared
