@@ -87,7 +87,7 @@ class Ensemble:
 
     @classmethod
     def from_config(cls, models, cache_dir=None, load=None) -> "Ensemble":
-        """Load each model once; a model listed twice gets two members that share its weights.
+        """Load each model once; a model listed twice on one device gets two members that share its weights.
 
         `load` (indices) loads only those models; the others stay None (a method such as `single`
         that decodes with some of the pair's models keeps its indices into the whole pair).
@@ -217,9 +217,8 @@ class Ensemble:
         """`decode` for many prompts, batched across examples; results in the order of `prompts`. Every prompt
         is checked to fit before any is decoded."""
         batch_size = kwargs.pop("batch_size", DEFAULT_BATCH_SIZE)
-        executor = kwargs.pop("executor", None) or Executor(
-            exact=kwargs.pop("exact", True), side_by_side=kwargs.pop("side_by_side", True)
-        )
+        exact, side_by_side = kwargs.pop("exact", True), kwargs.pop("side_by_side", True)
+        executor = kwargs.pop("executor", None) or Executor(exact=exact, side_by_side=side_by_side)
         options, settings = _split_request_fields(kwargs)
         spec, cfg = resolve_method(method, options)
         requests = [_fitting(self.members, spec, cfg, Request.of(p, **settings)) for p in prompts]

@@ -259,7 +259,9 @@ _LOADED: dict[str, Ensemble] = {}
 def load_ensemble(pair: list[ModelConfig], used: list[int], cache_dir: str | None) -> Ensemble:
     """The pair's ensemble with the `used` models loaded (None elsewhere); a model already loaded is
     reused, and models outside `pair` are dropped, so that a sweep over model pairs holds one pair in
-    memory at a time."""
+    memory at a time. A model whose device is "auto" goes where its place in `pair` says (`Ensemble.placed`),
+    though each loads on its own."""
+    pair = Ensemble.placed(pair)
     keys = [_model_key(pair, k, cache_dir) for k in range(len(pair))]
     for key in set(_LOADED) - set(keys):
         del _LOADED[key]
