@@ -68,7 +68,8 @@ DRY_RUN_SIZES = {
     "num_attention_heads": 4,
     "num_key_value_heads": 1,
 }
-ENGINE_ROWS = (1, 2, 3, 4, 5, 8, 16, 31, 32, 64, 128)  # the engine's probes (adafuse/backend/cuda/choice.py ROWS)
+# rows in one call at every scale: the engine's probes up to 128 (adafuse/backend/cuda/choice.py ROWS has more)
+ENGINE_ROWS = (1, 2, 3, 4, 5, 8, 16, 31, 32, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class Scale:
 FULL = Scale(
     sizes=SIZES,
     prompts={"nq": (16, 32), "nq_b32": (32, 32), "gsm8k": (32, 64), "profile": (8, 8)},
-    # beyond the engine's probes: a merged pass that reads 32 GSM8K prompts has thousands of rows
+    # and the row counts a merged pass that reads 32 GSM8K prompts reaches: thousands
     rows=(*ENGINE_ROWS, 256, 1024, 4096),
     requests=(1, 2, 5, 16, 32),
     max_out_features=None,

@@ -17,6 +17,7 @@ a backend that has one that does may route a packed pass through it instead.
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import AttentionInterface
@@ -62,6 +63,7 @@ class SplitPass:
     longest: int  # the longest request's cached positions before the pass
     pending: list = field(default_factory=list)  # per request: (its cache layer, its new keys, its new values)
     one_call: Callable | None = None
+    one_call_layout: Any = None  # what `one_call` derives from `spans` once and reads in every layer
 
 
 def split_attention(model) -> bool:

@@ -73,11 +73,7 @@ class ExactBackend(Backend):
         start = time.perf_counter()
         with torch.inference_mode():
             if p.kind == PREFIX:
-                (read,) = p.reads
-                kwargs = {p.model.body_cache_arg: read.cache}
-                with forward_context(context):
-                    p.model.body(input_ids=on_device(read.input_ids, p.model.device), use_cache=True, **kwargs)
-                results = [None]
+                results = prefix_pass(p, context)
             elif p.kind == ALONE:
                 (read,) = p.reads
                 results = [finish(read, alone_pass(p.model, read, context))]
@@ -122,6 +118,15 @@ def device_free_memory(device: torch.device) -> int:
     import psutil
 
     return psutil.virtual_memory().available
+
+
+def prefix_pass(p: Pass, context: ForwardContext) -> list[None]:
+    """A PREFIX pass: its one read's ids into its empty cache, through the model's body alone (no logits)."""
+    (read,) = p.reads
+    with forward_context(context):
+        ids = on_device(read.input_ids, p.model.device)
+        p.model.body(input_ids=ids, use_cache=True, **{p.model.body_cache_arg: read.cache})
+    return [None]
 
 
 def alone_pass(model: Prepared, read: Read, context: ForwardContext) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """The CUDA backend's own kernels: fixed-order Triton kernels (linear, RMSNorm, log-softmax and attention over
 requests packed end to end) whose every row, or every request, gets the same bits whatever else shares the
-call, registered as torch ops `adafuse::*` (`kernels.py` says what each one fixes and what is verified where).
-The backend class that decides when to call them lives elsewhere; this package only holds the kernels.
+call, registered as torch ops `adafuse::*` (`kernels.py` says what each one fixes and what is verified where),
+and the backend that runs a model's passes with them where the GPU's own kernels do not keep a row's bits
+(`backend.py`; `choice.py` probes which, `layers.py` and `attention.py` call them).
 
 Importing this package needs neither a GPU nor triton, and imports neither torch nor triton; importing
 `kernels.py` registers the ops, with triton where it is installed and without it where it is not. A caller learns

@@ -21,25 +21,39 @@ def packed_attention(attend):
     def one_call(module, query, split, kwargs):
         if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
             return None
-        keys, values, cu_q, cu_k, max_q, max_k = [], [], [0], [0], 0, 0
+        if split.one_call_layout is None:  # the same in every layer: each sequence's queries and keys
+            split.one_call_layout = sequences(split.spans, query.device)
+        cu_q, cu_k, max_q, max_k = split.one_call_layout
+        keys, values = [], []
         for s, (own, new_keys, new_values) in zip(split.spans, split.pending, strict=True):
             k, v = own.update(new_keys, new_values)  # (rows, kv_heads, length + width, d)
             for row, live in enumerate(s.lengths):
-                end = s.length + live
-                keys.append(k[row, :, :end].transpose(0, 1))
-                values.append(v[row, :, :end].transpose(0, 1))
-                cu_q.append(cu_q[-1] + live)
-                cu_k.append(cu_k[-1] + end)
-                max_q, max_k = max(max_q, live), max(max_k, end)
+                keys.append(k[row, :, : s.length + live].transpose(0, 1))
+                values.append(v[row, :, : s.length + live].transpose(0, 1))
         split.pending = []
-        device = query.device
         q = query[0].transpose(0, 1)  # (positions, heads, d): the packed row's positions, row after row
         scale = kwargs.get("scaling") or module.scaling
-        cu = [on_device(torch.tensor(c, dtype=torch.int32), device) for c in (cu_q, cu_k)]
-        out = attend(q, torch.cat(keys), torch.cat(values), *cu, scale, kwargs.get("sliding_window"), max_q, max_k)
+        out = attend(
+            q, torch.cat(keys), torch.cat(values), cu_q, cu_k, scale, kwargs.get("sliding_window"), max_q, max_k
+        )
         return out.unsqueeze(0), None
 
     return one_call
+
+
+def sequences(spans, device) -> tuple:
+    """A split pass's sequences, a row of a read each: (cu_q, cu_k) their cumulative query and key counts on
+    `device` (int32), and the longest one's queries and keys. A row's queries are its live positions; its keys its
+    read's cached positions and those."""
+    cu_q, cu_k, max_q, max_k = [0], [0], 0, 0
+    for s in spans:
+        for live in s.lengths:
+            end = s.length + live
+            cu_q.append(cu_q[-1] + live)
+            cu_k.append(cu_k[-1] + end)
+            max_q, max_k = max(max_q, live), max(max_k, end)
+    cu = [on_device(torch.tensor(c, dtype=torch.int32), device) for c in (cu_q, cu_k)]
+    return *cu, max_q, max_k
 
 
 KERNEL = packed_attention(kernel_attention)

@@ -15,6 +15,7 @@ said so where it does not.
 On a CPU tensor (the tests, with Triton's interpreter) the same code runs the kernels' logic without a GPU.
 """
 
+import contextlib
 import time
 
 import torch
@@ -22,10 +23,9 @@ import torch
 from adafuse.backend.cuda import layers
 from adafuse.backend.cuda.attention import KERNEL, packed_attention, torch_varlen
 from adafuse.backend.cuda.choice import Choice, decide
-from adafuse.backend.exact import MEMORY_SHARE, alone_pass, device_free_memory, finish, prepared_for
-from adafuse.backend.forward import ForwardContext, forward_context
+from adafuse.backend.exact import MEMORY_SHARE, alone_pass, device_free_memory, finish, prefix_pass, prepared_for
+from adafuse.backend.forward import ForwardContext
 from adafuse.backend.interface import ALONE, MERGED, PREFIX, Backend, Execution, Pass, Prepared, Ran
-from adafuse.backend.live import on_device
 from adafuse.backend.probe_store import ProbeStore
 from adafuse.backend.split_pass import merged_pass
 from adafuse.backend.transformers_check import check_model, check_transformers
@@ -40,6 +40,8 @@ class CudaBackend(Backend):
         self._prepared: dict[int, Prepared] = {}
         self.choices: dict[int, Choice] = {}  # per model: what its passes use on its GPU
         self._stock_varlen = torch_varlen() if device_type == "cuda" else None
+        # a split pass's attention in one call, by the choice's name for it (per_request: none)
+        self._one_calls = {"kernel": KERNEL, "stock": packed_attention(self._stock_varlen)}
 
     def prepare(self, model) -> Prepared:
         if id(model) not in self._prepared:
@@ -47,7 +49,8 @@ class CudaBackend(Backend):
             unknown = layers.install(model)
             prepared = prepared_for(model)
             store = self._store or ProbeStore.for_gpu(model.device)
-            self.choices[id(model)] = decide(model, model.device, unknown, self._stock_varlen, store)
+            with _on(model.device):  # the probes launch on the model's GPU
+                self.choices[id(model)] = decide(model, model.device, unknown, self._stock_varlen, store)
             self._prepared[id(model)] = prepared
         return self._prepared[id(model)]
 
@@ -55,12 +58,13 @@ class CudaBackend(Backend):
         timings, outputs = [], []
         for p in passes:  # every model's passes launched, none waited for
             ops = self.choices[id(p.model.model)].ops(how.exact)
-            one_call = {"kernel": KERNEL, "stock": packed_attention(self._stock_varlen)}.get(ops.attention)
             context = ForwardContext(tiles=False, ops=ops)
-            start, end = _marks(p.model.device)
-            results = self._run(p, context, one_call)
-            timings.append((start, end(), p.model.device))
-            outputs.append([_to_host(r) for r in results])
+            # Triton launches, and CUDA events record, on the current device's stream: the pass's own GPU
+            with _on(p.model.device):
+                start, end = _marks(p.model.device)
+                results = self._run(p, context, self._one_calls.get(ops.attention))
+                timings.append((start, end(), p.model.device))
+                outputs.append([_to_host(r) for r in results])
         for device in {d for _, _, d in timings if d.type == "cuda"}:
             torch.cuda.synchronize(device)  # once per GPU and step, every model's passes launched before it
         return [Ran(results, _seconds(t)) for results, t in zip(outputs, timings)]
@@ -68,18 +72,14 @@ class CudaBackend(Backend):
     def _run(self, p: Pass, context: ForwardContext, one_call) -> list:
         with torch.inference_mode():
             if p.kind == PREFIX:
-                (read,) = p.reads
-                with forward_context(context):
-                    ids = on_device(read.input_ids, p.model.device)
-                    p.model.body(input_ids=ids, use_cache=True, **{p.model.body_cache_arg: read.cache})
-                return [None]
+                return prefix_pass(p, context)
             if p.kind not in (ALONE, MERGED):
                 raise ValueError(f"a pass is {PREFIX!r}, {ALONE!r} or {MERGED!r}, not {p.kind!r}")
             if p.kind == ALONE and not (p.reads[0].cache.layers and p.model.splits_attention):
                 # a prompt read from nothing, or a model whose attention cannot be split: never merged, always alone
                 return [finish(p.reads[0], alone_pass(p.model, p.reads[0], context))]
             # alone or merged, a read after a cache takes the packed pass: the same kernels either way
-            logits = merged_pass(p.model, list(p.reads), context, one_call if p.model.splits_attention else None)
+            logits = merged_pass(p.model, list(p.reads), context, one_call)
             return [finish(read, result) for read, result in zip(p.reads, logits)]
 
     def memory_budget(self, device: torch.device) -> int:
@@ -90,6 +90,11 @@ class CudaBackend(Backend):
 
     def describe(self, model: Prepared, exact: bool) -> dict:
         return self.choices[id(model.model)].describe(exact)
+
+
+def _on(device: torch.device):
+    """`device` made the current CUDA device for what runs inside (nothing to do off a GPU)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _marks(device: torch.device):

@@ -46,9 +46,6 @@ class Ops:
     attention: str  # "kernel": one variable-length call of the kernel; "stock": torch's; "per_request"
 
 
-STOCK = Ops(False, False, "per_request")
-
-
 @dataclass
 class Choice:
     """What one model's passes use on its GPU: exact (`exact`) and not (`stock`), and what was found."""
@@ -119,7 +116,7 @@ def decide(model, device: torch.device, unknown_norms: list[str], stock_varlen, 
             "rms_norm",
             (type(n).__name__, tuple(n.weight.shape), str(dtype)),
             lambda n=n: rows_keep_bits(lambda x: super(type(n), n).forward(x), n.weight.shape[0], n.weight),
-            lambda n=n: rows_keep_bits(lambda x: _norm_kernel(n, x), n.weight.shape[0], n.weight),
+            lambda n=n: rows_keep_bits(lambda x: layers.norm_kernel(n, x), n.weight.shape[0], n.weight),
         )
         for n in layers.norms(model)
     ]
@@ -151,10 +148,9 @@ def decide(model, device: torch.device, unknown_norms: list[str], stock_varlen, 
         attention = "stock"
     else:
         attention = "per_request"  # the model's own attention once per request: the bits of each alone
-    stock_attention = "stock" if stock_varlen else "per_request"
     return Choice(
         exact=Ops(linear, rms_norm, attention),
-        stock=Ops(False, False, stock_attention),
+        stock=Ops(False, False, "stock" if stock_varlen else "per_request"),
         failing=failing,
         verdicts=verdicts,
         probe_seconds=time.perf_counter() - started,
@@ -191,12 +187,6 @@ def _pick(verdict: dict, op: str, failing: list[str]) -> bool:
         return True
     failing.append(op)
     return False
-
-
-def _norm_kernel(norm, x: torch.Tensor) -> torch.Tensor:
-    offset, cast_first = norm.formula
-    eps = getattr(norm, "variance_epsilon", None) or norm.eps
-    return kernels.rms_norm(x, norm.weight, eps, offset, cast_first)
 
 
 def probe_rows(count: int, width: int, like: torch.Tensor, seed: int = 0) -> torch.Tensor:

@@ -39,11 +39,11 @@ What is verified where:
 - on the CPU, by Triton's GPU compiler (which needs no GPU; the same test file, in the suite's compiled process):
   every kernel, with the arguments its op launches it with, compiles to a cubin for sm_80 (A100) and sm_90 (H100),
   and in bfloat16 linear and attention multiply on tensor cores (mma.sync / wgmma, float32 accumulation).
-- only on a GPU (tools/gpu_check): their speed, and the bits of the compiled kernels on real hardware, tensor-core
-  `tl.dot` included (the interpreter's numpy matmul says nothing about an MMA's order within a tile).
-  The check must compare, on the device and for each op at the engine's shapes (the paper pair's widths, 1 to 64
-  and more rows, bfloat16), a row alone against the same row among others, as the tests here do, with inputs whose
-  sums round differently in another order, and report per op whether the bits agree.
+- only on a GPU: the bits of the compiled kernels on real hardware, tensor-core `tl.dot` included (the
+  interpreter's numpy matmul says nothing about an MMA's order within a tile), which the backend probes at start
+  for each op at the model's shapes (adafuse/backend/cuda/choice.py `decide`: a row alone against the same row
+  among others, inputs whose sums round differently in another order), and their speed, which the full GPU check
+  measures (`python -m tools.gpu_check --full`, with the same probes at the paper pair's shapes).
 
 Caveats: float32, bfloat16 and float16 only; linear's x, weight and bias of one dtype, and attention's q, k and v
 (RMSNorm's weight may be of another: it is read as float32); outputs in x's (q's) dtype. Rows are read with their

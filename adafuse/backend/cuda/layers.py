@@ -54,9 +54,18 @@ def _norm_forward(self, x: torch.Tensor) -> torch.Tensor:
     ops = current().ops
     if ops is None or not ops.rms_norm:
         return super(type(self), self).forward(x)
-    offset, cast_first = self.formula
-    eps = getattr(self, "variance_epsilon", None) or self.eps
-    return kernels.rms_norm(x.reshape(-1, x.shape[-1]), self.weight, eps, offset, cast_first).reshape(x.shape)
+    return norm_kernel(self, x)
+
+
+def norm_kernel(norm, x: torch.Tensor) -> torch.Tensor:
+    """The batch-invariant kernel in place of a kernel-aware RMS norm's own formula (`kernel_norm`), on x."""
+    offset, cast_first = norm.formula
+    return kernels.rms_norm(x, norm.weight, norm_eps(norm), offset, cast_first)
+
+
+def norm_eps(norm) -> float:
+    """An RMS norm's epsilon: `variance_epsilon` in Llama-style norms, `eps` in Gemma's."""
+    return getattr(norm, "variance_epsilon", None) or norm.eps
 
 
 @functools.cache
