@@ -128,12 +128,11 @@ class Executor:
 
     def _run(self, plans: list[PassPlan], requests, results: list) -> None:
         passes = [self._pass(plan, requests) for plan in plans]
-        by_backend: dict[int, list[int]] = {}
+        by_backend: dict[int, tuple] = {}  # per backend: it, and its passes' indices
         for i, plan in enumerate(plans):
             backend = requests[plan.places[0]].runner.backend
-            by_backend.setdefault(id(backend), []).append(i)
-        for indices in by_backend.values():
-            backend = requests[plans[indices[0]].places[0]].runner.backend
+            by_backend.setdefault(id(backend), (backend, []))[1].append(i)
+        for backend, indices in by_backend.values():
             for i, ran in zip(indices, backend.execute([passes[i] for i in indices], self.how)):
                 self._finish(plans[i], passes[i], ran, requests, results)
 
@@ -149,7 +148,8 @@ class Executor:
         first = requests[plan.places[0]]
         runner = first.runner
         counts = self.counts.setdefault(runner.name, PassCounts(kv_bytes_per_token=runner.kv_bytes_per_token))
-        self.how_met.setdefault(runner.name, self._way(runner))
+        if runner.name not in self.how_met:
+            self.how_met[runner.name] = self._way(runner)
         counts.passes += 1
         counts.seconds += ran.seconds
         if plan.kind == planner.PREFIX:

@@ -3,7 +3,9 @@ and answered for a prompt of any size without reading all of it.
 
 A fast tokenizer's settings are state that each of its calls sets (transformers writes `encode_special_tokens`
 per call: the engine encodes other models' words with special tokens split, a prompt without), so two threads
-must not share one. A PromptCheck holds its own copy of each model's tokenization.
+must not share one. A PromptCheck holds its own copy of each model's tokenization, with a tokenizer of its own; the
+prompts it tokenises are kept in the store of encoded prompts that copy shares with the engine's (`encode_prompt`),
+so a prompt checked here is not tokenised again when it is read.
 
 No token of a model stands for more bytes of text than its longest token's (special tokens spelled out
 included), so a prompt of more bytes than the context's positions times that has more tokens than the context
@@ -85,7 +87,8 @@ def _normalizer_shrink(tokenizer) -> int | None:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return None
-    return _shrink(json.loads(backend.to_str()).get("normalizer"))
+    normalizer = backend.normalizer  # read alone: the whole tokenizer as JSON takes a second for a 262k vocabulary
+    return _shrink(None if normalizer is None else json.loads(normalizer.__getstate__()))
 
 
 def _shrink(normalizer: dict | None) -> int | None:

@@ -29,7 +29,7 @@ class Tokenisation:
         self.eos_ids = self._eos_ids(generation_eos)
         self.control_ids = self._control_ids()
         self._control_index: dict[torch.device, torch.Tensor] = {}
-        self._prompts: dict[str, list[int]] = {}  # prompts and shared prefixes as read, each tokenised once
+        self._prompts: dict[str, list[int]] = {}  # the prompts in flight and their shared prefixes, as read
 
     def _eos_ids(self, generation_eos) -> frozenset[int]:
         """The tokenizer's eos id plus any in the generation config (spec §4)."""
@@ -89,7 +89,9 @@ class Tokenisation:
 
     def encode_prompt(self, text: str) -> list[int]:
         """`encode(text)` with the prompt's special tokens, kept: a prompt is checked to fit before it is queued,
-        then read, and its task's prefix is split off every prompt of the task; each is tokenised once."""
+        then read, and its task's prefix is split off every prompt of the task; each is tokenised once while it
+        is among the last PROMPTS_KEPT (a run that checks more prompts than that before decoding tokenises the
+        early ones again when it reads them)."""
         ids = self._prompts.get(text)
         if ids is None:
             if len(self._prompts) >= self.PROMPTS_KEPT:

@@ -33,19 +33,15 @@ class CpuExactBackend(ExactBackend):
         """Each model's passes in order; with `how.side_by_side` and more than one model in the step (and more
         than one core), every model's at once, each on its share of the cores. The first error, in model order,
         is raised once every model's passes have ended."""
-        if how.threads is not None and torch.get_num_threads() != how.threads:
-            torch.set_num_threads(how.threads)
         groups: dict[int, list[int]] = {}  # per model, in order of its first pass: its passes' indices
         for i, p in enumerate(passes):
             groups.setdefault(id(p.model), []).append(i)
+        threads = how.threads or torch.get_num_threads()
+        if not (how.side_by_side and len(groups) > 1 and threads > 1):
+            return super().execute(passes, how)  # one pass after another, on this thread
         ran: list[Ran | None] = [None] * len(passes)
-        if not (how.side_by_side and len(groups) > 1 and torch.get_num_threads() > 1):
-            context = ForwardContext(tiles=how.exact)
-            for i, p in enumerate(passes):
-                ran[i] = self.run(p, context)
-            return ran
         share = CoreShare(len(groups))
-        threads, inference = torch.get_num_threads(), torch.is_inference_mode_enabled()
+        inference = torch.is_inference_mode_enabled()
 
         def run_group(indices: list[int]) -> None:
             # A kept thread holds the thread count it started with, and a kernel's bits may depend on it
