@@ -150,7 +150,8 @@ def test_cache_length_equals_context_after_every_decode(paper_pair):
 
 def test_a_fork_reads_its_context_in_place_and_no_write_reaches_a_view_handed_out(smol):
     """adafuse/member/cache.py: a fork holds only its own positions (the context's are read where they are) and
-    grows them in place; committing a row appends its positions to the context's own buffer in place; a row's
+    grows them in place; committing a row appends its positions after the context's (in place where the context's
+    buffer has room after its end, as the tip commit below checks; here the prompt's buffer is full); a row's
     context taken before more steps, and a view of the context taken before the commit, keep their values; one row
     at the context's end writes in the context's buffer and commits without a copy; a crop makes the next read
     start a buffer of its own; every context still matches full forward passes."""
@@ -191,7 +192,7 @@ def test_a_fork_reads_its_context_in_place_and_no_write_reaches_a_view_handed_ou
     m.cache.crop(-1)  # a rollback: the next read starts a buffer of its own
     m.context.ids = m.ids[:-1]
     drive(m.feed([11]))
-    assert m.cache.layers[0].buffer is not rows.cache.layers[0].base
+    assert m.cache.layers[0].buffer is not buffer
     assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
 
 

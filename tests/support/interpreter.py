@@ -10,10 +10,10 @@ started with TRITON_INTERPRET=1) and holds one `@compiled` test that runs the fi
 import os
 import subprocess
 import sys
-from pathlib import Path
+
+from tests.support.paths import ROOT
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "").strip().lower() in {"1", "true", "yes", "on"}
-ROOT = Path(__file__).resolve().parents[2]
 WORKER_VARIABLES = {"PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_CURRENT_TEST"}  # the child is no worker
 
 
