@@ -8,7 +8,9 @@ ids), the pool in order with every model's scored ids, every score and fused sco
 same selection and appended text, the same stop, text and `pred`.
 
 A disagreement is a bug unless it comes from float rounding between our cached forward passes and
-their uncached ones; such a case must be a near-tie, and `KNOWN_NEAR_TIES` lists each with its gap.
+their uncached ones; such a case must be a near-tie, and `KNOWN_NEAR_TIES` lists each with its gap. The
+recordings were made on an Intel Xeon: another CPU's kernels round in other last bits, which can move a verdict
+only at such a near-tie (none on Intel Xeon or AMD EPYC, with and without AVX-512).
 
 CI runs a representative subset: the examples that between them cover each script, task, path and knob
 value the recordings hold, and every call site of their code, stop rule and pool event that they exercised,

@@ -1,6 +1,11 @@
 """Every committed grid run (results/grid) decoded again by today's engine: its first examples, with the run's
 own saved settings (config.yaml), give the committed predictions bit for bit. The engine may change its
-speed and its shape, never an output."""
+speed and its shape, never an output.
+
+What it needs of the host: the texts were decoded on an Intel Xeon. Another CPU's kernels may give a logit other
+last bits, which changes a greedy text only at a near-tie; none of the committed runs' first examples has one on
+Intel Xeon or AMD EPYC (with and without AVX-512). A failure elsewhere that a run on such a machine does not show
+is a near-tie to report, not a change of the engine."""
 
 import json
 from pathlib import Path

@@ -1,7 +1,8 @@
 """The server (serve/, `adafuse-serve`) as a subprocess on 127.0.0.1 with the bundled pair, called by the official
 `openai` client: under load every completion's text is run.py's prediction bit for bit (the committed grid's),
 streamed or not; bad requests are refused naming the field; a client killed mid-stream frees its slot and
-changes no other text; lm_eval's `local-completions` model answers as `adafuse-lm-eval`."""
+changes no other text; lm_eval's `local-completions` model answers as `adafuse-lm-eval`. (The committed texts
+were decoded on another CPU: what that asks of the host, tests/integration/test_grid_identity.py says.)"""
 
 import json
 import os

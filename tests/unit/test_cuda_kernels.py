@@ -16,9 +16,17 @@ import torch
 import torch.nn.functional as F
 
 from adafuse.backend.cuda import available
-from tests.support.interpreter import compiled, interpreted, run_interpreted
+from tests.support.interpreter import (
+    HOSTILE_BLAS,
+    compiled,
+    interpreted,
+    matmul_moves_a_row,
+    openblas_kernels,
+    run_interpreted,
+)
 
 COUNTS = (1, 2, 3, 7, 16, 33, 64)  # rows (requests) in a call
+EACH_ALONE = 32  # rows (requests) of a call each compared with itself alone
 DTYPES = (torch.float32, torch.bfloat16)
 # Within dtype tolerances: float32 sums in another order than torch; bfloat16 rounds its outputs once or twice.
 TOLERANCE = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2}}
@@ -34,6 +42,34 @@ def test_kernels_under_the_interpreter(require):
     # the one skip allowed: the stock control, on a machine whose F.linear happens to keep a row's bits
     skips = [line for line in report.splitlines() if line.startswith("SKIPPED") and "no control to show" not in line]
     assert not skips, report
+
+
+# the bit-for-bit tests of the kernels that multiply (a -k expression)
+BITS_TESTS = "linear_row_alone or varlen_attention_request_alone or query_count"
+
+
+def other_blas() -> list[dict[str, str]]:
+    """BLAS settings besides the child's own (HOSTILE_BLAS): one thread for OpenBLAS, MKL and OpenMP alike, and
+    two with OpenBLAS's Zen kernel where this CPU runs it (the kernel of AMD EPYCs without AVX-512)."""
+    one, two = ({f"{lib}_NUM_THREADS": str(n) for lib in ("OPENBLAS", "MKL", "OMP")} for n in (1, 2))
+    return [one, ({"OPENBLAS_CORETYPE": "Zen"} if "Zen" in openblas_kernels() else {}) | two]
+
+
+@compiled
+def test_the_childs_blas_would_move_a_row_if_a_verdict_read_it(require):
+    """The child runs under a BLAS whose float32 matmul gives a row other bits at another place of a tile, so its
+    passing bit-for-bit tests show that no verdict there reads the host's BLAS (tests/support/interpreter.py)."""
+    if not HOSTILE_BLAS:
+        pytest.skip("no OpenBLAS kernel known to move a row's bits runs on this CPU (x86-64 with AVX2 needed)")
+    assert matmul_moves_a_row(HOSTILE_BLAS)
+
+
+@compiled
+@pytest.mark.parametrize("blas", other_blas(), ids=lambda blas: ",".join(f"{k}={v}" for k, v in blas.items()))
+def test_the_bits_hold_under_other_blas_kernels_and_thread_counts(require, blas):
+    """This file's bit-for-bit tests, again in a child under other BLAS settings: the same verdicts."""
+    require(available(), "triton")
+    run_interpreted(__file__, CHILD_SECONDS, blas=blas, select=BITS_TESTS)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +107,9 @@ def spread(*shape: int, dtype=torch.float32, seed: int = 0) -> torch.Tensor:
 
 
 def check_rows(op, probe: torch.Tensor, filler: torch.Tensor, counts=COUNTS) -> None:
-    """op(rows)'s row for `probe` alone equals it at every place of batches of `counts` rows (the rest: filler)."""
+    """op(rows)'s row for `probe` alone equals it at every place of batches of `counts` rows (the rest: filler), and
+    each row of the largest batch equals that row alone. (Many rows, since where a row's result hangs on one sum, as
+    RMSNorm's on its mean square, another order changes that sum's rounding, and so the row's bits, only sometimes.)"""
     alone = op(probe[None])[0]
     for n in counts:
         batch = filler[:n].clone()
@@ -79,6 +117,10 @@ def check_rows(op, probe: torch.Tensor, filler: torch.Tensor, counts=COUNTS) -> 
         out = op(batch)
         for i in places(n):
             assert_same_bits(alone, out[i], f"row {i} of {n}")
+    batch = filler[:EACH_ALONE]
+    out = op(batch)
+    for i, row in enumerate(batch):
+        assert_same_bits(op(row[None])[0], out[i], f"row {i} of {len(batch)}, each alone")
 
 
 # --- the ops are registered and run interpreted ---------------------------------------------------------------------
@@ -171,6 +213,8 @@ def test_the_kernels_compile_for_a100_and_h100(kernels, monkeypatch, dtype, capa
         ptx = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options).asm["ptx"]
         if kernel in (kernels._linear_kernel, kernels._attention_kernel) and dtype == torch.bfloat16:
             assert ".f32.bf16.bf16" in ptx  # mma.sync (sm_80) or wgmma (sm_90) on bfloat16, accumulating in float32
+        if dtype == torch.float32:
+            assert "tf32" not in ptx  # float32 products in IEEE float32, as F.linear's default
 
 
 def test_fake_kernels_give_output_shapes_without_running():
@@ -196,6 +240,37 @@ def test_linear_row_alone_equals_it_among_others(kernels, dtype):
     weight, bias = random(80, 150, dtype=dtype, seed=1), random(80, dtype=dtype, seed=2)
     check_rows(lambda x: kernels.linear(x, weight, bias), random(150, dtype=dtype, seed=3),
                random(100, 150, dtype=dtype, seed=4), COUNTS + (100,))  # fmt: skip
+
+
+def follows_the_rows(monkeypatch, kernels, constant: str, alone: int, among: int, op):
+    """`op` as a kernel whose block size follows the number of rows (requests) it gets, as cuBLAS's choice of kernel
+    does: `constant` is `alone` for one row, `among` for more. The mutation the kernels rule out, made on purpose."""
+
+    def mutant(x):
+        monkeypatch.setattr(kernels, constant, alone if len(x) == 1 else among)
+        return op(x)
+
+    return mutant
+
+
+@interpreted
+@pytest.mark.parametrize("op", ["linear", "rms_norm", "log_softmax"])
+def test_the_check_fails_a_kernel_whose_order_follows_the_row_count(kernels, monkeypatch, op):
+    """The row checks above fail a kernel that sums a row in another order among others: a row's bits then depend
+    on the rows beside it."""
+    weight, bias = random(80, 150, seed=1), random(80, seed=2)
+    norm_weight = 1.0 + 0.1 * random(1100, seed=1)
+    mutants = {  # (the block constant, alone, among, the op, a probe row, filler rows)
+        "linear": ("LINEAR_BLOCK_K", 64, 32, lambda x: kernels.linear(x, weight, bias), random(150, seed=3),
+                   random(100, 150, seed=4)),
+        "rms_norm": ("NORM_BLOCK", 1024, 512, lambda x: kernels.rms_norm(x, norm_weight, 1e-6), spread(1100, seed=2),
+                     3 * random(64, 1100, seed=3)),
+        "log_softmax": ("SOFTMAX_BLOCK", 2048, 1024, kernels.log_softmax, 4 * random(3000),
+                        4 * random(64, 3000, seed=1)),
+    }  # fmt: skip
+    constant, alone, among, run, probe, filler = mutants[op]
+    with pytest.raises(AssertionError, match="differs by up to"):
+        check_rows(follows_the_rows(monkeypatch, kernels, constant, alone, among, run), probe, filler)
 
 
 @interpreted
@@ -248,7 +323,7 @@ def test_rms_norm_row_alone_equals_it_among_others(kernels, dtype, formula):
     (offset, cast_first), _, around = FORMULAS[formula]
     weight = (around + 0.1 * random(1100, seed=1)).to(dtype)
     check_rows(lambda x: kernels.rms_norm(x, weight, 1e-6, offset, cast_first), spread(1100, dtype=dtype, seed=2),
-               spread(64, 1100, dtype=dtype, seed=3))  # fmt: skip
+               3 * random(64, 1100, dtype=dtype, seed=3))  # fmt: skip
 
 
 @interpreted
@@ -349,14 +424,26 @@ def test_varlen_attention_request_alone_equals_it_among_others(kernels, dtype, m
     """A request of 3 queries over 150 keys (three key blocks, the last partial), alone and among 1 to 64 requests
     of 1 to 3 queries over 1 to 80 keys; two query heads on one kv head (fewer programs for the interpreter)."""
     causal, window = MODES[mode]
-    probe = request(3, 150, dtype, seed=1000, heads=(2, 1))
-    lengths = torch.randint(1, 4, (64,), generator=torch.Generator().manual_seed(0)).tolist()
-    filler = [request(len_q, len_q + 5 * i % 78, dtype, seed=10 * i, heads=(2, 1)) for i, len_q in enumerate(lengths)]
+    probe, filler = attention_requests(dtype)
 
     def attend(requests):
         out = kernels.varlen_attention(*packed(requests), HEAD_DIM**-0.5, causal, window, max_len_q=3)
         return unpacked(out, requests)
 
+    check_requests(attend, probe, filler)
+
+
+def attention_requests(dtype):
+    """A request of 3 queries over 150 keys, and 64 others of 1 to 3 queries over 1 to 80 keys."""
+    probe = request(3, 150, dtype, seed=1000, heads=(2, 1))
+    lengths = torch.randint(1, 4, (64,), generator=torch.Generator().manual_seed(0)).tolist()
+    others = [request(len_q, len_q + 5 * i % 78, dtype, seed=10 * i, heads=(2, 1)) for i, len_q in enumerate(lengths)]
+    return probe, others
+
+
+def check_requests(attend, probe, filler) -> None:
+    """attend(requests)'s output for `probe` alone equals it at every place among 1 to 64 requests, and each of
+    EACH_ALONE requests' output among them equals that request's alone."""
     alone = attend([probe])[0]
     for n in COUNTS:
         requests = list(filler[:n])
@@ -365,6 +452,22 @@ def test_varlen_attention_request_alone_equals_it_among_others(kernels, dtype, m
         outs = attend(requests)
         for i in places(n):
             assert_same_bits(alone, outs[i], f"request {i} of {n}")
+    outs = attend(filler[:EACH_ALONE])
+    for i, one in enumerate(filler[:EACH_ALONE]):
+        assert_same_bits(attend([one])[0], outs[i], f"request {i} of {EACH_ALONE}, each alone")
+
+
+@interpreted
+def test_the_check_fails_an_attention_whose_key_blocks_follow_the_request_count(kernels, monkeypatch):
+    """The request check above fails an attention that walks a request's keys in other blocks among others."""
+
+    def attend(requests):
+        out = kernels.varlen_attention(*packed(requests), HEAD_DIM**-0.5, True, None, max_len_q=3)
+        return unpacked(out, requests)
+
+    with pytest.raises(AssertionError, match="differs by up to"):
+        check_requests(follows_the_rows(monkeypatch, kernels, "ATTENTION_BLOCK_N", 64, 32, attend),
+                       *attention_requests(torch.float32))  # fmt: skip
 
 
 @interpreted

@@ -32,8 +32,13 @@ What is verified where:
   agrees with torch (F.linear, Hugging Face's two RMSNorm formulas, torch.log_softmax, SDPA per request with its
   causal or sliding-window mask, grouped-query heads) within float32 and bfloat16 tolerances; in bfloat16 RMSNorm
   equals the formula it is asked for in over 99% of elements, bit for bit. The interpreter runs each program in
-  numpy: its `tl.dot` is numpy's matmul (on float32 operands: bfloat16 ones are upcast first, `_dot_modes`), and
-  its bfloat16 casts truncate, so there the kernels round by hand (`_cast`) to the GPU's round-to-nearest-even.
+  numpy, which would compute `tl.dot` with numpy's matmul: the host's BLAS, whose bits for a row can depend on
+  the row's place in the tile (OpenBLAS's Zen and Haswell kernels do, its SkylakeX kernel does not), so a test
+  would judge the host's CPU rather than the kernel. There the kernels multiply by hand instead (`_dot`: every
+  element summed over k from 0 up, in float32, whatever its place), a stand-in for the GPU's tile product with the
+  property the kernels rely on, so the tests check the kernels' own logic (tiles, masks, the order of the steps)
+  on any CPU. Its bfloat16 casts truncate, so there the kernels round by hand (`_cast`) to the GPU's
+  round-to-nearest-even.
   TRITON_INTERPRET=1 must be set when the process starts: Triton wraps its own library when first imported, and
   torch imports it with torch._dynamo (custom ops do), so a process is interpreted or compiled throughout.
 - on the CPU, by Triton's GPU compiler (which needs no GPU; the same test file, in the suite's compiled process):
@@ -136,13 +141,6 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def _dot_modes(dtype: torch.dtype) -> tuple[bool, bool]:
-    """(UPCAST_DOT, IEEE_DOT). The interpreter's tl.dot multiplies bfloat16's raw bits (numpy has no bfloat16),
-    so there the operands go to float32 first (their products are exact in float32 either way); on a GPU they
-    stay in their dtype, for the tensor cores. Float32 operands use IEEE float32, not TF32 (F.linear's default)."""
-    return interpreting() and dtype != torch.float32, dtype == torch.float32
-
-
 @_jit()
 def _cast(x, LIKE, BY_HAND: tl.constexpr):
     """x (float32) in the element type of the pointer LIKE, rounded to nearest even. A GPU's cast does that;
@@ -158,6 +156,22 @@ def _cast(x, LIKE, BY_HAND: tl.constexpr):
     return y
 
 
+@_jit()
+def _dot(a, b, acc, BY_HAND: tl.constexpr):
+    """acc + a @ b, accumulated in float32. On a GPU, tl.dot: tensor cores for bfloat16 and float16, IEEE float32
+    (not TF32, F.linear's default) for float32. Under the interpreter (BY_HAND) each element is its products summed
+    over k from 0 up, in float32 (bfloat16 and float16 products are exact there), the same sequence of additions
+    wherever its row sits in the tile: the interpreter's tl.dot would be numpy's matmul, whose bits hang on the
+    host's BLAS (the module's docstring). Not taken on a GPU."""
+    if BY_HAND:
+        out = acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    elif a.dtype == tl.float32:
+        out = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc)
+    return out
+
+
 # --- linear ------------------------------------------------------------------------------------------------------
 # A plain grid, one program per output tile, not a persistent one: a persistent kernel's programs would take tiles
 # in an order set by the number of tiles (so rows), which changes no bits but buys nothing for the engine's passes
@@ -171,7 +185,7 @@ def _linear_kernel(
     X, W, B, Y,
     rows, n_out, n_in,
     stride_xm, stride_wn, stride_ym,
-    HAS_BIAS: tl.constexpr, UPCAST_DOT: tl.constexpr, IEEE_DOT: tl.constexpr, BY_HAND: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BY_HAND: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """Y[m, n] = sum_k X[m, k] W[n, k] (+ B[n]): one (BLOCK_M, BLOCK_N) tile, K in BLOCK_K steps from 0 up."""
@@ -186,12 +200,7 @@ def _linear_kernel(
         w_ok = (n[None, :] < n_out) & (kk[:, None] < n_in)
         x = tl.load(X + m[:, None] * stride_xm + kk[None, :], mask=x_ok, other=0.0)  # (BLOCK_M, BLOCK_K)
         w = tl.load(W + n[None, :] * stride_wn + kk[:, None], mask=w_ok, other=0.0)  # (BLOCK_K, BLOCK_N)
-        if UPCAST_DOT:
-            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc)
-        elif IEEE_DOT:
-            acc = tl.dot(x, w, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, w, acc)
+        acc = _dot(x, w, acc, BY_HAND)
     if HAS_BIAS:
         acc += tl.load(B + n, mask=n < n_out, other=0.0).to(tl.float32)[None, :]
     out = _cast(acc, Y, BY_HAND)
@@ -207,13 +216,12 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     n_out, n_in = w.shape
     y = torch.empty(x2.shape[0], n_out, dtype=x.dtype, device=x.device)
     if y.numel():
-        upcast, ieee = _dot_modes(x.dtype)
         grid = (triton.cdiv(x2.shape[0], LINEAR_BLOCK_M), triton.cdiv(n_out, LINEAR_BLOCK_N))
         _linear_kernel[grid](
             x2, w, bias.contiguous() if bias is not None else w, y,
             x2.shape[0], n_out, n_in,
             x2.stride(0), w.stride(0), y.stride(0),
-            HAS_BIAS=bias is not None, UPCAST_DOT=upcast, IEEE_DOT=ieee, BY_HAND=interpreting(),
+            HAS_BIAS=bias is not None, BY_HAND=interpreting(),
             BLOCK_M=LINEAR_BLOCK_M, BLOCK_N=LINEAR_BLOCK_N, BLOCK_K=LINEAR_BLOCK_K,
             num_warps=LINEAR_WARPS, num_stages=LINEAR_STAGES, enable_fp_fusion=FP_FUSION,
         )  # fmt: skip
@@ -313,8 +321,7 @@ def _attention_kernel(
     Q, K, V, O, CU_Q, CU_K, scale, window,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, IEEE_DOT: tl.constexpr, BY_HAND: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BY_HAND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Queries [BLOCK_M * program 0, + BLOCK_M) of request program 2, head program 1, over that request's keys in
     BLOCK_N steps from its first key (float32 online softmax). Query i of a request with len_q queries and len_k
@@ -352,12 +359,7 @@ def _attention_kernel(
         key_ok = (cols < hi)[None, :] & (dims < HEAD_DIM)[:, None]
         k_at = K + (k_start + cols)[None, :] * stride_kt + kv_head * stride_kh + dims[:, None]
         k = tl.load(k_at, mask=key_ok, other=0.0)  # (BLOCK_D, BLOCK_N)
-        if UPCAST_DOT:
-            scores = tl.dot(q.to(tl.float32), k.to(tl.float32))
-        elif IEEE_DOT:
-            scores = tl.dot(q, k, input_precision="ieee")
-        else:
-            scores = tl.dot(q, k)
+        scores = _dot(q, k, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), BY_HAND)
         seen = (cols < hi)[None, :] & (rows < len_q)[:, None]
         if CAUSAL:
             seen = seen & (cols[None, :] <= at[:, None])
@@ -375,12 +377,7 @@ def _attention_kernel(
         v = tl.load(v_at, mask=value_ok, other=0.0)  # (BLOCK_N, BLOCK_D)
         p = _cast(p, V, BY_HAND)  # the weights in v's dtype, as FlashAttention multiplies them
         acc = acc * rescale[:, None]
-        if UPCAST_DOT:
-            acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc)
-        elif IEEE_DOT:
-            acc = tl.dot(p, v, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(p, v, acc)
+        acc = _dot(p, v, acc, BY_HAND)
         top = new_top
     out = acc / tl.where(total == 0.0, 1.0, total)[:, None]  # a query that sees no key gets zeros
     o_at = O + (q_start + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :]
@@ -404,13 +401,12 @@ def _varlen_attention(q, k, v, cu_q, cu_k, scale, causal, window, max_len_q):
     # no sync to learn the longest request: at most every query belongs to one (programs past a request's end exit)
     longest = q.shape[0] if max_len_q is None else max_len_q
     if out.numel() and requests and longest:
-        upcast, ieee = _dot_modes(q.dtype)
         grid = (triton.cdiv(longest, ATTENTION_BLOCK_M), q.shape[1], requests)
         _attention_kernel[grid](
             q, k, v, out, cu_q.to(torch.int32), cu_k.to(torch.int32), float(scale), int(window or 0),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
             GROUP=q.shape[1] // k.shape[1], HEAD_DIM=q.shape[2], CAUSAL=causal, WINDOWED=window is not None,
-            UPCAST_DOT=upcast, IEEE_DOT=ieee, BY_HAND=interpreting(),
+            BY_HAND=interpreting(),
             BLOCK_M=ATTENTION_BLOCK_M, BLOCK_N=ATTENTION_BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(q.shape[2])),
             num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES, enable_fp_fusion=FP_FUSION,
         )  # fmt: skip
