@@ -83,11 +83,8 @@ class ExactBackend(Backend):
                 ]
             else:
                 raise ValueError(f"a pass is {PREFIX!r}, {ALONE!r} or {MERGED!r}, not {p.kind!r}")
-        return Ran(results, self.elapsed(start, p.model.device))
-
-    def elapsed(self, start: float, device: torch.device) -> float:
-        """Seconds since `start` (perf_counter) of the passes on `device`."""
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        return Ran(results, seconds, seconds)
 
     def memory_budget(self, device: torch.device) -> int:
         return int(device_free_memory(device) * MEMORY_SHARE)
@@ -145,9 +142,9 @@ def alone_pass(model: Prepared, read: Read, context: ForwardContext) -> torch.Te
 
 def finish(read: Read, logits: torch.Tensor) -> torch.Tensor:
     """A read's result from its logits: themselves, or their log-softmax with the `masked` ids at -inf (set in
-    place: the pass's own logits, which nothing else reads)."""
+    place: the pass's own logits, which nothing else reads; the ids, given on the host, moved to the logits)."""
     if not read.logprobs:
         return logits
     if read.masked is not None:
-        logits.index_fill_(-1, read.masked, float("-inf"))
+        logits.index_fill_(-1, on_device(read.masked, logits.device), float("-inf"))
     return torch.log_softmax(logits, dim=-1)

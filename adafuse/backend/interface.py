@@ -28,7 +28,8 @@ class Read:
 
     `lengths`: row i's real ids (the rest right padding, never computed); its result is then packed,
     (sum(lengths), vocab). `last_only`: the last position's logits alone, (rows, 1, vocab). Otherwise
-    (rows, width, vocab). Float32 logits, or with `logprobs` their log-softmax, the ids of `masked` at -inf."""
+    (rows, width, vocab). Float32 logits, or with `logprobs` their log-softmax, the ids of `masked` at -inf.
+    `input_ids` and `masked` are given on the host; the backend moves them to where it computes."""
 
     cache: object  # transformers' DynamicCache of adafuse/member/cache.py's layers
     input_ids: torch.Tensor
@@ -70,10 +71,12 @@ class Execution:
 
 @dataclass(frozen=True)
 class Ran:
-    """What a pass gave: each read's result (None for a PREFIX pass), and its seconds of compute."""
+    """What a pass gave: each read's result (None for a PREFIX pass), its seconds of compute, and the seconds the
+    host took to run it (where the device computes apart from the host, to launch it; elsewhere the same)."""
 
     results: list
     seconds: float
+    host_seconds: float
 
 
 class Backend(ABC):

@@ -30,6 +30,8 @@ from adafuse.member.runner import Runner
 from adafuse.text.align import Alignment, align, common_prefix, last_word_start
 from adafuse.text.tokenisation import Tokenisation
 
+HOST = torch.device("cpu")
+
 
 class Member:
     def __init__(self, name: str, tokenizer, model, chat_template: bool = False):
@@ -222,21 +224,23 @@ class Member:
 
     def forward(self, cache, input_ids: torch.Tensor, last_only=False, lengths=None, logprobs=False):
         """A program: the pass `Forward` describes, counted as this example's (see `Forward` for its result). With
-        `logprobs`, the control tokens are masked where the context masks them (spec §2)."""
+        `logprobs`, the control tokens are masked where the context masks them (spec §2): their ids go with the
+        pass on the host, as its input ids do, and the backend masks them where it computes."""
         self.forward_passes += 1
         self.tokens_fed += input_ids.numel()
-        masked = self._control_index() if logprobs and self.context.mask_control else None
+        masked = self._control_index(HOST) if logprobs and self.context.mask_control else None
         return (yield Forward(self.runner, cache, input_ids, last_only, lengths, logprobs, masked))
 
-    def _control_index(self) -> torch.Tensor | None:
+    def _control_index(self, device: torch.device) -> torch.Tensor | None:
         tokenisation = self.tokenisation
-        return tokenisation.control_index(self.device) if tokenisation.control_ids else None
+        return tokenisation.control_index(device) if tokenisation.control_ids else None
 
     def log_softmax(self, logits: torch.Tensor, mask_control: bool | None = None) -> torch.Tensor:
         """Log-softmax over the vocabulary (last dim), control tokens removed when masking is on (spec §2):
-        the context's setting unless `mask_control` says otherwise."""
+        the context's setting unless `mask_control` says otherwise. Computed where the logits are, which need not
+        be the model's device (the CUDA backend hands results back on the host)."""
         mask = self.context.mask_control if mask_control is None else mask_control
-        index = self._control_index() if mask else None
+        index = self._control_index(logits.device) if mask else None
         if index is not None:
             logits = logits.index_fill(-1, index, float("-inf"))
         return torch.log_softmax(logits, dim=-1)
