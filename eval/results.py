@@ -37,7 +37,9 @@ log = logging.getLogger(__name__)
 
 # a model's pass counts and its passes' seconds (adafuse/engine/executor.py PassCounts), summed over the processes
 # that decoded; its KV figures, the most any process reached
-PASS_COUNTS = ("passes", "merged_passes", "rows", "merged_prompts", "prefix_passes", "seconds")
+PASS_COUNTS = ("passes", "merged_passes", "rows", "merged_prompts", "prefix_passes", "seconds", "host_seconds")
+# how a model's passes ran, as its backend describes them (adafuse/backend/interface.py `describe`)
+PASS_WAYS = ("backend", "attention", "linear", "rms_norm", "log_softmax")
 KV_FIGURES = ("kv_peak_bytes", "kv_peak_bytes_per_example", "kv_prefix_bytes", "longest_context")
 
 
@@ -220,9 +222,9 @@ class RunDir:
         for entry in filter(None, entries):
             for name, report in entry["models"].items():
                 total = totals.setdefault(name, {**report, **dict.fromkeys(PASS_COUNTS, 0)})
-                for key in ("attention", "linear"):
-                    if total[key] != report[key]:
-                        total[key] = "mixed"
+                for key in PASS_WAYS:  # a report from before a way was recorded says nothing of it
+                    if key in report:
+                        total[key] = report[key] if total.get(key, report[key]) == report[key] else "mixed"
                 for key in PASS_COUNTS:
                     total[key] += report.get(key, 0)
                 for key in KV_FIGURES:

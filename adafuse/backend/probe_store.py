@@ -47,10 +47,11 @@ class ProbeStore:
         return cls(store_path())
 
     @classmethod
-    def for_gpu(cls, device) -> "ProbeStore":
-        """The store of one GPU's facts (`gpu_fingerprint`): what its kernels do depends on them alone, not on the
-        host's processor, so every node of a cluster with this GPU and software reads the same verdicts."""
-        return cls(store_path(gpu_fingerprint(device)))
+    def for_gpu(cls, device, code: str) -> "ProbeStore":
+        """The store of one GPU's facts (`gpu_fingerprint`) and of the probed kernels' source (`code`, a hash): what
+        the kernels do depends on them alone, not on the host's processor, so every node of a cluster with this GPU
+        and software reads the same verdicts, and edited kernels are probed afresh."""
+        return cls(store_path(gpu_fingerprint(device) | {"code": code}))
 
     def verdicts(self) -> dict:
         """{(table, key repr): verdict}, read once; {} when the store is off or holds none."""

@@ -35,8 +35,10 @@ class PassCounts:
     rows: int = 0  # rows over all passes
     merged_prompts: int = 0  # prompts whose tail was read in a merged pass
     prefix_passes: int = 0  # shared prompt prefixes read (once each, for every prompt that starts with them)
-    # wall time its passes took, log-softmax included (on its own thread, beside the other model's passes)
+    # its passes' time, log-softmax included (on a CPU, on its own thread beside the other model's passes; on a GPU,
+    # what the GPU spent, from each pass's first kernel to its last), and what the host took to run or launch them
     seconds: float = 0.0
+    host_seconds: float = 0.0
     kv_peak_bytes: int = 0  # the most bytes of KV its examples' contexts and forks held at once
     kv_peak_bytes_per_example: int = 0  # the most they held at the end of a step, over the examples in flight
     kv_prefix_bytes: int = 0  # the most bytes its stored prompt prefixes held (shared by its examples)
@@ -54,7 +56,7 @@ class Executor:
         self.how = Execution.here(exact, side_by_side)
         self.memory_budget = memory_budget
         self.counts: dict[str, PassCounts] = {}  # per model name, in the order models first ran
-        self.how_met: dict[str, dict[str, str]] = {}  # per model name: its attention and linear layers' way
+        self.how_met: dict[str, dict[str, str]] = {}  # per model name: how its backend runs its passes (`_way`)
         self._watched: set[str] = set()  # models whose KV peak this executor counts
 
     @property
@@ -152,6 +154,7 @@ class Executor:
             self.how_met[runner.name] = self._way(runner)
         counts.passes += 1
         counts.seconds += ran.seconds
+        counts.host_seconds += ran.host_seconds
         if plan.kind == planner.PREFIX:
             (read,) = done.reads
             runner.prompts.add(first.ids[: first.prefix_length], context_cache(read.cache, runner.ledger, frozen=True))
@@ -172,20 +175,18 @@ class Executor:
                 results[place] = result
 
     def _way(self, runner) -> dict[str, str]:
-        """How a model's requests from different examples meet: attention "per_request" (inside a merged pass,
-        each request's rows on their own) or "alone" (its attention cannot be split: no merged passes), and
-        linear layers in "row_tiles" (each row's bits those of its pass alone) or "stock" (one call, up to
-        rounding)."""
-        return {
-            "attention": "per_request" if runner.prepared.splits_attention else "alone",
-            "linear": "row_tiles" if self.how.exact else "stock",
-        }
+        """How a model's passes run, as its backend describes them (`Backend.describe`): the backend's name and
+        each op type's way (attention "per_request", "alone", "kernel", "stock"; linear "row_tiles", "kernel",
+        "stock"; ...)."""
+        described = runner.backend.describe(runner.prepared, self.how.exact)
+        return {"backend": described["backend"], **described["ops"]}
 
     def report(self) -> dict[str, dict]:
         """Per model name, how its requests met and its counts, as plain data (a run's metrics.json):
-        {"attention": ..., "linear": ... (see `_way`), "passes": ..., "merged_passes": ..., "rows": ...,
-        "merged_prompts": ..., "prefix_passes": ..., "seconds": ..., "kv_peak_bytes": ...,
-        "kv_peak_bytes_per_example": ..., "kv_prefix_bytes": ..., "kv_bytes_per_token": ..., "longest_context": ...}."""
+        {"backend", "attention", "linear", "rms_norm", "log_softmax" (see `_way`), "passes": ..., "merged_passes":
+        ..., "rows": ..., "merged_prompts": ..., "prefix_passes": ..., "seconds": ..., "host_seconds": ...,
+        "kv_peak_bytes": ..., "kv_peak_bytes_per_example": ..., "kv_prefix_bytes": ..., "kv_bytes_per_token": ...,
+        "longest_context": ...}."""
         return {name: self.how_met[name] | asdict(counts) for name, counts in self.counts.items()}
 
 

@@ -190,3 +190,72 @@ def test_with_the_stock_kernels_a_pass_makes_one_call_per_linear_layer(models):
         run(backend, MERGED, model, [Read(c, x, n) for c, (x, n) in zip(caches, inputs)], exact=False)
     linear_layers = sum(isinstance(m, torch.nn.Linear) for m in model.model.modules())
     assert count.stock == linear_layers and count.kernel == 0
+
+
+def stock_attention_per_request(q, k, v, cu_q, cu_k, scale, window, max_q, max_k):
+    """A stock one-call attention in `packed_attention`'s shape that runs here: SDPA once per request, causal."""
+    out = []
+    for b in range(len(cu_q) - 1):
+        qs, ks, vs = q[cu_q[b] : cu_q[b + 1]], k[cu_k[b] : cu_k[b + 1]], v[cu_k[b] : cu_k[b + 1]]
+        groups = qs.shape[1] // ks.shape[1]
+        ks, vs = ks.repeat_interleave(groups, 1), vs.repeat_interleave(groups, 1)
+        seen = torch.arange(len(ks))[None, :] <= torch.arange(len(ks) - len(qs), len(ks))[:, None]
+        if window is not None:
+            seen &= torch.arange(len(ks))[None, :] > torch.arange(len(ks) - len(qs), len(ks))[:, None] - window
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1), seen, scale=scale
+        )
+        out.append(o.transpose(0, 1))
+    return torch.cat(out)
+
+
+def stock_attention_that_raises(*args):
+    raise RuntimeError("FlashAttention only supports head dimensions up to 256")
+
+
+@interpreted
+@pytest.mark.parametrize("stock, used", [(stock_attention_per_request, "stock"), (stock_attention_that_raises, None)])
+def test_a_stock_one_call_attention_is_used_only_where_its_probe_ran(stock, used):
+    """Torch's one-call attention serves the inexact passes where its probe ran; where it raised, the model's own
+    attention runs per request, the reason recorded, and a pass runs."""
+    from adafuse.backend.cuda.backend import CudaBackend
+
+    torch.manual_seed(0)
+    backend = CudaBackend("cpu", store=ProbeStore(None), stock_attention=stock)
+    model = backend.prepare(llama())
+    described = backend.describe(model, exact=False)
+    assert described["ops"]["attention"] == (used or "per_request")
+    errors = [e for e in described["probe_errors"] if (e["op"], e["probe"]) == ("attention", "stock")]
+    assert bool(errors) == (used is None)
+    assert used or "head dimensions up to 256" in errors[0]["error"]
+    caches, inputs = mixed_reads(backend, model)
+    logits = run(backend, MERGED, model, [Read(c, x, n) for c, (x, n) in zip(caches, inputs)], exact=False)
+    assert len(logits) == 4 and all(torch.isfinite(t).all() for t in logits)
+
+
+@interpreted
+def test_a_probe_that_raises_gives_no_verdict_says_why_and_is_probed_again(tmp_path, monkeypatch):
+    """An exception is not a verdict: the op, the probe and the reason are in the run's record, nothing is stored,
+    and the next process over the same store probes again (and stores what it finds)."""
+    from adafuse.backend.cuda import kernels
+    from adafuse.backend.cuda.backend import CudaBackend
+
+    def cannot_build(*args, **kwargs):
+        raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
+
+    store = tmp_path / "probes.jsonl"
+    with monkeypatch.context() as patched:
+        patched.setattr(kernels, "linear", cannot_build)
+        torch.manual_seed(0)
+        first = CudaBackend("cpu", store=ProbeStore(store))
+        described = first.describe(first.prepare(llama()), exact=True)
+    errors = [e for e in described["probe_errors"] if e["op"] == "linear"]
+    assert errors and all(e["probe"] == "kernel" for e in errors)
+    assert all(e["error"].startswith("RuntimeError: Failed to find C compiler") for e in errors)
+    assert described["verdicts"]["linear"]["kernel"] is None and described["ops"]["linear"] == "stock"
+    assert not any('"linear"' in line and "'kernel'" in line for line in store.read_text().splitlines())
+    torch.manual_seed(0)
+    again = CudaBackend("cpu", store=ProbeStore(store))
+    described = again.describe(again.prepare(llama()), exact=True)
+    assert described["probe_errors"] == [] and described["verdicts"]["linear"]["kernel"] is True
+    assert any('"linear"' in line and "'kernel'" in line for line in store.read_text().splitlines())

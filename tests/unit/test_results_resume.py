@@ -186,6 +186,7 @@ def test_batching_reports_of_several_processes_add_up_and_a_disagreement_reads_m
     out.append_batching(0, 3, {"smollm2_135m": exact})
     # the second process counted the prompts it read in merged passes and its passes' seconds; the first, older, did not
     later = {**exact, "linear": "per_request", "passes": 5, "rows": 7, "merged_prompts": 2, "seconds": 1.5}
+    later |= {"backend": "cpu-exact", "host_seconds": 1.25}  # and the host's seconds and its backend's name
     later |= {"kv_peak_bytes": 800, "kv_peak_bytes_per_example": 400, "longest_context": 60}
     out.append_batching(1, 2, {"smollm2_135m": later})
     lines = [json.loads(line) for line in (tmp_path / "batching.jsonl").read_text().splitlines()]
@@ -194,12 +195,14 @@ def test_batching_reports_of_several_processes_add_up_and_a_disagreement_reads_m
         "smollm2_135m": {
             "attention": "per_request",
             "linear": "mixed",
+            "backend": "cpu-exact",
             "passes": 15,
             "merged_passes": 8,
             "rows": 37,
             "merged_prompts": 2,
             "prefix_passes": 0,
             "seconds": 1.5,
+            "host_seconds": 1.25,
             "kv_peak_bytes": 900,
             "kv_peak_bytes_per_example": 400,
             "kv_prefix_bytes": 50,

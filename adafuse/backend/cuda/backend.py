@@ -9,18 +9,23 @@ said so where it does not.
   variable-length call per layer where the choice says so. A step's passes are launched model after model with no
   wait between them (members on different GPUs overlap), then each GPU is synchronised once, and every result is
   copied to the host in the same step: the programs read their scalars there, without a sync of their own.
-- each pass's seconds come from CUDA events (what the GPU spent, not the launches'); the memory a step may take
-  from the device's free memory (`torch.cuda.mem_get_info`).
+- each pass's seconds: on the GPU, from CUDA events, its first kernel's start to its last's end (idle gaps between
+  launches included: a pass the host cannot launch fast enough reads as long as its launching), and on the host, how
+  long launching it took; where the two are alike, the host bounds the pass. The memory a step may take comes from
+  the device's free memory (`torch.cuda.mem_get_info`).
+- what Triton lacks here (a C compiler, the Python headers, a writable cache: adafuse/backend/cuda/toolchain.py) is
+  said once at start, in one line with its fix, and recorded with every model's choice.
 
 On a CPU tensor (the tests, with Triton's interpreter) the same code runs the kernels' logic without a GPU.
 """
 
 import contextlib
+import logging
 import time
 
 import torch
 
-from adafuse.backend.cuda import layers
+from adafuse.backend.cuda import layers, toolchain
 from adafuse.backend.cuda.attention import KERNEL, packed_attention, torch_varlen
 from adafuse.backend.cuda.choice import Choice, decide
 from adafuse.backend.exact import MEMORY_SHARE, alone_pass, device_free_memory, finish, prefix_pass, prepared_for
@@ -31,26 +36,40 @@ from adafuse.backend.split_pass import merged_pass
 from adafuse.backend.transformers_check import check_model, check_transformers
 
 
+log = logging.getLogger(__name__)
+
+
 class CudaBackend(Backend):
-    def __init__(self, device_type: str = "cuda", store: ProbeStore | None = None):
+    """`stock_attention`: torch's one-call attention in `packed_attention`'s shape (default: its FlashAttention
+    variable-length kernel on a GPU, none elsewhere)."""
+
+    def __init__(self, device_type: str = "cuda", store: ProbeStore | None = None, stock_attention=...):
         self.device_type = device_type
         self.name = "cuda"
         check_transformers()
         self._store = store
         self._prepared: dict[int, Prepared] = {}
         self.choices: dict[int, Choice] = {}  # per model: what its passes use on its GPU
-        self._stock_varlen = torch_varlen() if device_type == "cuda" else None
+        if stock_attention is ...:
+            stock_attention = torch_varlen() if device_type == "cuda" else None
+        self._stock_varlen = stock_attention
         # a split pass's attention in one call, by the choice's name for it (per_request: none)
         self._one_calls = {"kernel": KERNEL, "stock": packed_attention(self._stock_varlen)}
+        # a launch on a GPU builds Triton's launcher; the interpreter (CPU tensors) builds nothing
+        self.toolchain = toolchain.problems() if device_type == "cuda" else []
+        if self.toolchain:
+            log.warning("the CUDA backend's kernels cannot run here, stock kernels only: %s", "; ".join(self.toolchain))
 
     def prepare(self, model) -> Prepared:
         if id(model) not in self._prepared:
             check_model(model)
             unknown = layers.install(model)
             prepared = prepared_for(model)
-            store = self._store or ProbeStore.for_gpu(model.device)
+            store = self._store or ProbeStore.for_gpu(model.device, toolchain.source_hash())
             with _on(model.device):  # the probes launch on the model's GPU
-                self.choices[id(model)] = decide(model, model.device, unknown, self._stock_varlen, store)
+                self.choices[id(model)] = decide(
+                    model, model.device, unknown, self._stock_varlen, store, self.toolchain
+                )
             self._prepared[id(model)] = prepared
         return self._prepared[id(model)]
 
@@ -61,13 +80,14 @@ class CudaBackend(Backend):
             context = ForwardContext(tiles=False, ops=ops)
             # Triton launches, and CUDA events record, on the current device's stream: the pass's own GPU
             with _on(p.model.device):
+                launched = time.perf_counter()
                 start, end = _marks(p.model.device)
                 results = self._run(p, context, self._one_calls.get(ops.attention))
-                timings.append((start, end(), p.model.device))
+                timings.append((start, end(), p.model.device, time.perf_counter() - launched))
                 outputs.append([_to_host(r) for r in results])
-        for device in {d for _, _, d in timings if d.type == "cuda"}:
+        for device in {t[2] for t in timings if t[2].type == "cuda"}:
             torch.cuda.synchronize(device)  # once per GPU and step, every model's passes launched before it
-        return [Ran(results, _seconds(t)) for results, t in zip(outputs, timings)]
+        return [Ran(results, _seconds(t), t[3]) for results, t in zip(outputs, timings)]
 
     def _run(self, p: Pass, context: ForwardContext, one_call) -> list:
         with torch.inference_mode():
@@ -114,7 +134,7 @@ def _marks(device: torch.device):
 
 
 def _seconds(timing) -> float:
-    start, end, device = timing
+    start, end, device, _ = timing
     return start.elapsed_time(end) / 1000 if device.type == "cuda" else end - start
 
 

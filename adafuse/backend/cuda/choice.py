@@ -13,8 +13,11 @@ Two honest outcomes (`Choice`), never a per-row or per-tile loop on a GPU:
 - batch-dependent, and said so: an op that neither keeps is named (`failing`); the model's passes then run the
   stock kernels, one call per layer, and a run records that its outputs depend on its batch size.
 
-Verdicts are kept in a probe store named by the GPU's facts (adafuse/backend/probe_store.py `for_gpu`): the next
-process on the same GPU and software, another node of a cluster included, reads them instead of probing.
+Verdicts are kept in a probe store named by the GPU's facts and the kernels' source (adafuse/backend/probe_store.py
+`for_gpu`): the next process on the same GPU and software, another node of a cluster included, reads them instead of
+probing. A probe that raises (no C compiler for Triton's launcher, an out-of-memory, a shape a kernel does not take)
+gives no verdict: nothing is stored, its op, probe and reason go into the run's record (`errors`), and that kernel is
+not used by this process. Torch's one-call attention is used only where its probe ran.
 """
 
 import logging
@@ -54,6 +57,8 @@ class Choice:
     stock: Ops
     failing: list[str]  # the op types neither kernel keeps invariant: exact passes are batch-dependent
     verdicts: dict = field(default_factory=dict)  # op type -> {"stock": keeps the bits, "kernel": keeps them}
+    errors: list[dict] = field(default_factory=list)  # the probes that raised: {"op", "probe", "shape", "error"}
+    toolchain: list[str] = field(default_factory=list)  # what Triton lacks here (adafuse/backend/cuda/toolchain.py)
     probe_seconds: float = 0.0
 
     @property
@@ -77,24 +82,37 @@ class Choice:
                 "attention": ops.attention,
             },
             "verdicts": self.verdicts,
+            "probe_errors": self.errors,
+            "toolchain": self.toolchain,
             "probe_seconds": round(self.probe_seconds, 3),
         }
 
 
-def decide(model, device: torch.device, unknown_norms: list[str], stock_varlen, store: ProbeStore) -> Choice:
+def decide(
+    model, device: torch.device, unknown_norms: list[str], stock_varlen, store: ProbeStore, toolchain: list[str]
+) -> Choice:
     """Probe the model's op types on `device` (each verdict read from `store` where it was probed before) and
-    choose its kernels (module docstring). `stock_varlen`: torch's one-call attention on this device, or None."""
+    choose its kernels (module docstring). `stock_varlen`: torch's one-call attention on this device, or None;
+    `toolchain`: what Triton lacks here (where it lacks anything, our kernels are not probed)."""
     started = time.perf_counter()
-    have_kernels = available()
+    have_kernels = available() and not toolchain
     tables = {name: Verdicts(name, store) for name in ("linear", "rms_norm", "attention")}
     dtype = next(model.parameters()).dtype
-    verdicts = {}
+    verdicts, errors = {}, []
+
+    def probed(op: str, which: str, key: tuple, probe) -> bool | None:
+        """The probe's verdict (the store's, where it ran before); None where it raised: no verdict, not stored."""
+        try:
+            return bool(tables[op].get_or_probe((which, *key), probe))
+        except Exception as err:  # noqa: BLE001 - whatever stops a probe is recorded, and that kernel not used
+            errors.append({"op": op, "probe": which, "shape": repr(key), "error": f"{type(err).__name__}: {err}"})
+            log.warning("%s: the %s kernel's probe at %r raised %s: %s", op, which, key, type(err).__name__, err)
+            return None
 
     def both(op: str, key: tuple, stock, kernel) -> dict:
-        table = tables[op]
         return {
-            "stock": table.get_or_probe(("stock", *key), _or_false(op, "stock", stock)),
-            "kernel": table.get_or_probe(("kernel", *key), _or_false(op, "kernel", kernel)) if have_kernels else None,
+            "stock": probed(op, "stock", key, stock),
+            "kernel": probed(op, "kernel", key, kernel) if have_kernels else None,
         }
 
     linears = {}
@@ -128,15 +146,13 @@ def decide(model, device: torch.device, unknown_norms: list[str], stock_varlen, 
     shape = (heads, kv_heads, head_dim, str(dtype))
     like = next(model.parameters())
 
-    def stock_attention() -> bool:
-        return stock_varlen is not None and requests_keep_bits(stock_varlen, heads, kv_heads, head_dim, like)
+    def attention_probe(attend):
+        return lambda: requests_keep_bits(attend, heads, kv_heads, head_dim, like)
 
-    verdicts["attention"] = both(
-        "attention",
-        shape,
-        stock_attention,
-        lambda: requests_keep_bits(kernel_attention, heads, kv_heads, head_dim, like),
-    )
+    verdicts["attention"] = {
+        "stock": probed("attention", "stock", shape, attention_probe(stock_varlen)) if stock_varlen else False,
+        "kernel": probed("attention", "kernel", shape, attention_probe(kernel_attention)) if have_kernels else None,
+    }
     failing = []
     linear = _pick(verdicts["linear"], "linear", failing)
     rms_norm = _pick(verdicts["rms_norm"], "rms_norm", failing)
@@ -148,27 +164,18 @@ def decide(model, device: torch.device, unknown_norms: list[str], stock_varlen, 
         attention = "stock"
     else:
         attention = "per_request"  # the model's own attention once per request: the bits of each alone
+    # torch's one call wherever its probe ran, whatever it found of the bits; where it raised, or there is none, the
+    # model's own attention once per request
+    stock_runs = verdicts["attention"]["stock"] is not None
     return Choice(
         exact=Ops(linear, rms_norm, attention),
-        stock=Ops(False, False, "stock" if stock_varlen else "per_request"),
+        stock=Ops(False, False, "stock" if stock_varlen and stock_runs else "per_request"),
         failing=failing,
         verdicts=verdicts,
+        errors=errors,
+        toolchain=list(toolchain),
         probe_seconds=time.perf_counter() - started,
     )
-
-
-def _or_false(op: str, which: str, probe):
-    """`probe`, where a kernel that cannot run here (a dtype, a head size or a GPU it does not support; a Triton
-    that cannot compile for this GPU) counts as one that does not keep the bits, with the reason in the log."""
-
-    def guarded() -> bool:
-        try:
-            return probe()
-        except Exception as err:  # noqa: BLE001 - whatever stops a kernel here, the other one, or none, is used
-            log.warning("%s (%s kernel) cannot run here: %s: %s", op, which, type(err).__name__, err)
-            return False
-
-    return guarded
 
 
 def _all(found: list[dict]) -> dict:
