@@ -19,10 +19,9 @@ from torch.overrides import TorchFunctionMode
 from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 from adafuse.backend import ALONE, MERGED, Execution, Pass, Read, backend_for
-from adafuse.backend.cuda import available
 from adafuse.backend.probe_store import ProbeStore
 from adafuse.member.cache import KVLedger, context_cache, fork_cache, view_cache
-from tests.support.interpreter import compiled, interpreted, run_interpreted
+from tests.support.interpreter import compiled, interpreted, interpreter_runs, run_interpreted
 
 pytestmark = pytest.mark.slow
 CHILD_SECONDS = 900
@@ -31,7 +30,7 @@ CHILD_SECONDS = 900
 @compiled
 def test_the_cuda_backend_under_the_interpreter(require):
     """This file's tests, in a child process started with TRITON_INTERPRET=1; its report on failure."""
-    require(available(), "triton")
+    require(interpreter_runs(), "Triton 3.7 or newer, whose interpreter runs (the `interpreter` extra)")
     report = run_interpreted(__file__, CHILD_SECONDS)
     assert "skipped" not in report, report
 

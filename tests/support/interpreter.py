@@ -38,6 +38,19 @@ def compiled(test):
     return test
 
 
+def interpreter_runs() -> bool:
+    """Whether Triton 3.7 or newer is installed (pyproject's `interpreter` extra): the interpreters of 3.3 to 3.6
+    fail under numpy 2.4, and CUDA builds of torch before 2.12 pin one of them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    try:
+        return Version(version("triton")) >= Version("3.7")
+    except PackageNotFoundError:
+        return False
+
+
 def cpu_flags() -> set[str]:
     """The CPU's feature flags (Linux), empty elsewhere."""
     cpuinfo = Path("/proc/cpuinfo")

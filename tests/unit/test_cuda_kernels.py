@@ -20,6 +20,7 @@ from tests.support.interpreter import (
     HOSTILE_BLAS,
     compiled,
     interpreted,
+    interpreter_runs,
     matmul_moves_a_row,
     openblas_kernels,
     run_interpreted,
@@ -36,7 +37,7 @@ CHILD_SECONDS = 600  # the whole file, interpreted: about 30 s on 2 shared cores
 @compiled
 def test_kernels_under_the_interpreter(require):
     """This file's tests, in a child process started with TRITON_INTERPRET=1; its report on failure."""
-    require(available(), "triton")
+    require(interpreter_runs(), "Triton 3.7 or newer, whose interpreter runs (the `interpreter` extra)")
     report = run_interpreted(__file__, CHILD_SECONDS)
     assert " deselected" not in report, report
     # the one skip allowed: the stock control, on a machine whose F.linear happens to keep a row's bits
@@ -68,7 +69,7 @@ def test_the_childs_blas_would_move_a_row_if_a_verdict_read_it(require):
 @pytest.mark.parametrize("blas", other_blas(), ids=lambda blas: ",".join(f"{k}={v}" for k, v in blas.items()))
 def test_the_bits_hold_under_other_blas_kernels_and_thread_counts(require, blas):
     """This file's bit-for-bit tests, again in a child under other BLAS settings: the same verdicts."""
-    require(available(), "triton")
+    require(interpreter_runs(), "Triton 3.7 or newer, whose interpreter runs (the `interpreter` extra)")
     run_interpreted(__file__, CHILD_SECONDS, blas=blas, select=BITS_TESTS)
 
 
