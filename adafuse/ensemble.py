@@ -15,7 +15,8 @@ import yaml
 
 from adafuse.config import ModelConfig
 from adafuse.engine.executor import Executor
-from adafuse.engine.loop import DEFAULT_BATCH_SIZE, Engine, decode_many, drive
+from adafuse.engine.loop import DEFAULT_BATCH_SIZE, Engine, drive, run_engine
+from adafuse.engine.scheduler import Scheduler
 from adafuse.errors import ConfigError, UnknownNameError
 from adafuse.loading.pretrained import load_pretrained, member_device, placement
 from adafuse.member.member import Member
@@ -153,7 +154,7 @@ class Ensemble:
         """How each loaded model's passes run (None where it is not loaded), as its backend says: the backend,
         whether they are batch-invariant with `exact` asked and which op types fail to be, how each op type runs
         (adafuse/backend/interface.py `Backend.describe`). A run records it (config.yaml's runtime)."""
-        return [None if m is None else m.runner.backend.describe(m.runner.prepared, exact) for m in self.members]
+        return [None if m is None else m.runner.describe(exact) for m in self.members]
 
     def without_utf8_rule(self) -> list[str]:
         """The loaded models whose vocabulary is of a type adafuse/text/tokens.py does not know, so that the rule
@@ -181,6 +182,7 @@ class Ensemble:
         exact: bool = True,
         side_by_side: bool = True,
         executor: Executor | None = None,
+        scheduler: Scheduler | None = None,
         **options,
     ) -> "DecodeStream":
         """Decode (key, prompt or Request) items with `batch_size` examples in flight (adafuse/engine/loop.py);
@@ -188,18 +190,21 @@ class Ensemble:
         has the bits it has in `decode`, and so every output (adafuse/backend/tiles.py); without, up to
         rounding. `side_by_side=False` runs one model's passes after the other's on the CPU, each on every
         core (the same outputs). Request settings given as keywords apply to every item that is a plain
-        prompt."""
+        prompt. `executor` and `scheduler` (adafuse/engine/) replace the default ones (a memory budget per pass:
+        `Scheduler(memory_budget=...)`)."""
         options, settings = _split_request_fields(options)
         spec, cfg = resolve_method(method, options)
-        return self._stream(
-            items, spec, cfg, settings, batch_size, executor or Executor(exact=exact, side_by_side=side_by_side)
-        )
+        executor = executor or Executor(exact=exact, side_by_side=side_by_side)
+        return self._stream(items, spec, cfg, settings, batch_size, executor, scheduler)
 
-    def _stream(self, items, spec: Method, cfg, settings: dict, batch_size: int, executor: Executor) -> "DecodeStream":
+    def _stream(
+        self, items, spec: Method, cfg, settings: dict, batch_size: int, executor: Executor, scheduler=None
+    ) -> "DecodeStream":
         def one(members, item):
             return spec.generate(members, _fitting(members, spec, cfg, Request.of(item[1], **settings)), cfg)
 
-        return DecodeStream(decode_many(self.members, items, one, batch_size, executor), executor)
+        engine = Engine(self.members, one, batch_size, executor, scheduler)
+        return DecodeStream(run_engine(engine, items), engine)
 
     def engine(self, *, batch_size: int = DEFAULT_BATCH_SIZE, exact: bool = True, side_by_side: bool = True) -> Engine:
         """The engine loop itself (adafuse/engine/loop.py), for a caller that steps it (a server: serve/):
@@ -219,10 +224,11 @@ class Ensemble:
         batch_size = kwargs.pop("batch_size", DEFAULT_BATCH_SIZE)
         exact, side_by_side = kwargs.pop("exact", True), kwargs.pop("side_by_side", True)
         executor = kwargs.pop("executor", None) or Executor(exact=exact, side_by_side=side_by_side)
+        scheduler = kwargs.pop("scheduler", None)
         options, settings = _split_request_fields(kwargs)
         spec, cfg = resolve_method(method, options)
         requests = [_fitting(self.members, spec, cfg, Request.of(p, **settings)) for p in prompts]
-        done = dict(self._stream(enumerate(requests), spec, cfg, {}, batch_size, executor))
+        done = dict(self._stream(enumerate(requests), spec, cfg, {}, batch_size, executor, scheduler))
         return [done[i] for i in range(len(prompts))]
 
     def loglikelihood(self, requests: list[tuple[str, str]]) -> list[Likelihood]:
@@ -239,9 +245,9 @@ class DecodeStream:
     """The (key, Generation) pairs of `Ensemble.decode_stream` in the order the examples finish, and
     how their forward passes met so far (`batching`)."""
 
-    def __init__(self, finished: Iterator[tuple[tuple[object, object], Generation]], executor: Executor):
-        self._finished = finished  # decode_many's ((key, prompt), Generation) pairs
-        self._executor = executor
+    def __init__(self, finished: Iterator[tuple[tuple[object, object], Generation]], engine: Engine):
+        self._finished = finished  # run_engine's ((key, prompt), Generation) pairs
+        self._engine = engine
 
     def __iter__(self) -> "DecodeStream":
         return self
@@ -256,9 +262,9 @@ class DecodeStream:
 
     @property
     def batching(self) -> dict[str, dict]:
-        """Per model name: how its requests met and its pass counts and KV bytes (adafuse/engine/executor.py,
-        `Executor.report`)."""
-        return self._executor.report()
+        """Per model name: how its passes ran, their counts and its KV bytes (adafuse/engine/loop.py
+        `Engine.report`)."""
+        return self._engine.report()
 
 
 def _fitting(members: list[Member], spec, cfg, request: Request) -> Request:

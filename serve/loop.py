@@ -258,7 +258,7 @@ class EngineLoop:
         engine = self._engine
         self.counters.queued = len(engine.queue)
         self.counters.in_flight = engine.in_flight
-        self.counters.passes = engine.executor.report()
+        self.counters.passes = engine.report()
 
 
 def _listener(ticket: Ticket, choice: int):

@@ -8,11 +8,9 @@ its kernels and their store, says how much memory a step may take (`memory_budge
 A forward pass's layers read what they need from one forward context, set by the backend around the model
 call (adafuse/backend/forward.py). Nothing outside this package imports its modules but this one.
 
-A pass is one of three kinds:
-- PREFIX: a prompt's shared prefix read into an empty cache through the model's body alone (no logits);
-- ALONE: one read: the model called on its ids after its cache (a prompt read from nothing, a lone request);
-- MERGED: several reads to the same weights in one packed pass, each computed as alone
-  (adafuse/backend/split_pass.py).
+A pass is of one of four kinds (adafuse/backend/interface.py): PREFIX, a prompt's shared prefix; PROMPT, a prompt read
+from nothing; ALONE, one read to weights whose attention cannot be split; MERGED, one or more reads to the same weights
+in one packed pass, each computed exactly as alone (adafuse/backend/split_pass.py).
 
 Backends (`backend_for`): `CpuExactBackend` (adafuse/backend/cpu/) on the CPU; `CudaBackend`
 (adafuse/backend/cuda/) on a GPU: each layer in one call, with batch-invariant kernels of its own where the GPU's
@@ -26,7 +24,7 @@ import torch
 
 from adafuse.backend.cpu import CpuExactBackend
 from adafuse.backend.exact import ExactBackend
-from adafuse.backend.interface import ALONE, MERGED, PREFIX, Backend, Execution, Pass, Prepared, Ran, Read
+from adafuse.backend.interface import ALONE, MERGED, PREFIX, PROMPT, Backend, Execution, Pass, Prepared, Ran, Read
 from adafuse.backend.transformers_check import MIN_TRANSFORMERS, check_model, check_transformers
 
 __all__ = [
@@ -34,6 +32,7 @@ __all__ = [
     "MERGED",
     "MIN_TRANSFORMERS",
     "PREFIX",
+    "PROMPT",
     "Backend",
     "Execution",
     "Pass",

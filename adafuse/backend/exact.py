@@ -14,7 +14,7 @@ import torch
 
 from adafuse.backend.attention import split_attention
 from adafuse.backend.forward import ForwardContext, forward_context
-from adafuse.backend.interface import ALONE, MERGED, PREFIX, Backend, Execution, Pass, Prepared, Ran, Read
+from adafuse.backend.interface import ALONE, MERGED, PREFIX, PROMPT, Backend, Execution, Pass, Prepared, Ran, Read
 from adafuse.backend.live import on_device, packed_logits, padded_rows
 from adafuse.backend.probe_store import ProbeStore
 from adafuse.backend.split_pass import merged_pass
@@ -74,7 +74,8 @@ class ExactBackend(Backend):
         with torch.inference_mode():
             if p.kind == PREFIX:
                 results = prefix_pass(p, context)
-            elif p.kind == ALONE:
+            elif p.kind in (PROMPT, ALONE) or p.kind == MERGED and len(p.reads) == 1:
+                # one read: a plain call of the model, whose bits a packed pass gives each of its reads
                 (read,) = p.reads
                 results = [finish(read, alone_pass(p.model, read, context))]
             elif p.kind == MERGED:
@@ -82,7 +83,7 @@ class ExactBackend(Backend):
                     finish(r, logits) for r, logits in zip(p.reads, merged_pass(p.model, list(p.reads), context))
                 ]
             else:
-                raise ValueError(f"a pass is {PREFIX!r}, {ALONE!r} or {MERGED!r}, not {p.kind!r}")
+                raise ValueError(f"a pass is {PREFIX!r}, {PROMPT!r}, {ALONE!r} or {MERGED!r}, not {p.kind!r}")
         seconds = time.perf_counter() - start
         return Ran(results, seconds, seconds)
 

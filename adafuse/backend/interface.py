@@ -6,7 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
-PREFIX, ALONE, MERGED = "prefix", "alone", "merged"
+# The kinds of pass, one name each, from the scheduler (adafuse/engine/scheduler.py) to the backend:
+# PREFIX: a prompt's shared prefix read into an empty cache through the model's body alone (no logits);
+# PROMPT: a whole prompt read from nothing, alone;
+# ALONE: one read after a cache, to weights whose attention cannot be split per request (never merged);
+# MERGED: one or more reads to the same weights in one packed pass, each computed exactly as in a pass of its own.
+PREFIX, PROMPT, ALONE, MERGED = "prefix", "prompt", "alone", "merged"
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,8 @@ class Read:
 
 @dataclass(frozen=True, eq=False)
 class Pass:
-    """One forward pass: its kind (PREFIX, ALONE or MERGED), the prepared model and its reads, in row order."""
+    """One forward pass: its kind (PREFIX, PROMPT, ALONE or MERGED), the prepared model and its reads, in row
+    order."""
 
     kind: str
     model: Prepared

@@ -1,5 +1,5 @@
 """The merged pass: the reads of several requests to the same weights in one forward pass, each computed
-exactly as in its pass alone (adafuse/engine/planner.py decides which requests meet).
+exactly as in its pass alone (adafuse/engine/scheduler.py decides which requests meet).
 
 The pass is one packed row of every read's real positions, request after request, row after row: no padding
 reaches a norm, an activation or a multiply, and position ids are each row's own, so every row sees exactly

@@ -1,15 +1,16 @@
 """The engine loop: every example in flight is a program (adafuse/member/passes.py) suspended at the passes it waits
 on; one step plans and runs them all, then advances each example. One thread, no locks, deterministic.
 
-As vLLM's `EngineCore.step()`: the planner (adafuse/engine/planner.py) turns what every example waits on into a
-plan of passes, the executor (adafuse/engine/executor.py) has the backend run it, and each example gets its
-results and runs on to its next request, or finishes. A method stays per-example code in the order of its
-paper; batching across examples needs nothing from it.
+As vLLM's `EngineCore.step()`: schedule, execute, update. The scheduler (adafuse/engine/scheduler.py) admits the
+queued examples that fit and turns what every example waits on into a plan of passes, the executor
+(adafuse/engine/executor.py) has the backend run it, and each example gets its results and runs on to its next
+request, or finishes; the scheduler then reads what the examples hold. A method stays per-example code in the order
+of its paper; batching across examples needs nothing from it.
 
 - Slots. `batch_size` slots, each a set of member clones (`Member.clone`: the same weights and tokenisation,
   a context of its own). An example runs in a slot; a finished example's slot takes the next one at the start
   of the next step (continuous batching), so its prompt is read beside the others' steps, where every model's
-  device has room for it (`Executor.admits`: the KV the examples in flight hold, against the free memory).
+  device has room for it (`Scheduler.admits`: the KV the examples in flight hold, against the free memory).
 - Order. A step's requests are listed slot by slot, each example's in the order it asked for them: a request's
   place in that list is its place in a pass's row order, so which rows meet and where each sits, and so every
   float, never depend on anything but the examples. Examples that finish in the same step are handed back in
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adafuse.engine.executor import Executor
+from adafuse.engine.scheduler import Scheduler
 from adafuse.member.passes import Program
 
 DEFAULT_BATCH_SIZE = 8  # examples in flight; the runner's and the Python API's default (docs/speed.md)
@@ -51,12 +53,14 @@ class Engine:
         make: Callable[[list, Any], Program],
         batch_size: int = DEFAULT_BATCH_SIZE,
         executor: Executor | None = None,
+        scheduler: Scheduler | None = None,
     ):
         """`make(slot_members, item)` is an example's program over a slot's member clones."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.make = make
         self.executor = executor or Executor()
+        self.scheduler = scheduler or Scheduler()
         self.slots = [Slot(i, [None if m is None else m.clone() for m in members]) for i in range(batch_size)]
         self.queue: deque = deque()  # (key, item) waiting for a slot
 
@@ -101,7 +105,7 @@ class Engine:
         of each example that finished, in slot order."""
         finished: list[tuple[int, Any, Any]] = []
         for slot in self.slots:
-            if slot.program is None and self.queue and self.executor.admits(self.runners, self.in_flight):
+            if slot.program is None and self.queue and self.scheduler.admits(self.runners, self.in_flight):
                 slot.key, item = self.queue.popleft()
                 slot.program = self.make(slot.members, item)
                 self._advance(slot, None, finished)
@@ -109,8 +113,9 @@ class Engine:
         requests = [r for slot in waiting for r in slot.asked]  # a request's place: its index here
         results = []
         if requests:
-            plans = self.executor.plan(requests)  # the planner's passes, as data (adafuse/engine/planner.py)
-            results = self.executor.run(plans, requests, len(waiting))
+            plans = self.scheduler.schedule(requests)  # the passes, as data (adafuse/engine/scheduler.py)
+            results = self.executor.run(plans, requests)
+            self.scheduler.update(requests, len(waiting))
         at = 0
         for slot in waiting:
             mine = results[at : at + len(slot.asked)]
@@ -146,6 +151,12 @@ class Engine:
         for slot in self.slots:
             self._free(slot)
 
+    def report(self) -> dict[str, dict]:
+        """Per model name, how its passes ran, their counts (the executor's) and its KV (the scheduler's): what a
+        run records as its batching (metrics.json)."""
+        kv = self.scheduler.report()
+        return {name: passes | kv.get(name, {}) for name, passes in self.executor.report().items()}
+
 
 def decode_many(
     members: list,
@@ -153,12 +164,17 @@ def decode_many(
     make: Callable[[list, Any], Program],
     batch_size: int = DEFAULT_BATCH_SIZE,
     executor: Executor | None = None,
+    scheduler: Scheduler | None = None,
 ) -> Iterator[tuple[Any, Any]]:
     """Decode `items` with up to `batch_size` in flight: (item, result of `make(slot_members, item)`) as each
     finishes. An item is taken from `items` only when a slot is free for it. An example that fails ends the
     run and its error is raised here; a caller that stops iterating ends it too; either way no program is
     left in flight."""
-    engine = Engine(members, make, batch_size, executor)
+    return run_engine(Engine(members, make, batch_size, executor, scheduler), items)
+
+
+def run_engine(engine: Engine, items: Iterable) -> Iterator[tuple[Any, Any]]:
+    """`decode_many` over an engine of the caller's (whose `report` the caller reads)."""
     source = iter(items)
     try:
         while True:
@@ -171,10 +187,10 @@ def decode_many(
         engine.close()
 
 
-def drive(program: Program, executor: Executor | None = None):
+def drive(program: Program, executor: Executor | None = None, scheduler: Scheduler | None = None):
     """Run one program to its end: the engine loop with it alone in flight, over the members it was made
     with (no slot clones). Its result."""
-    ((_, result),) = decode_many([], [program], lambda _, given: given, 1, executor)
+    ((_, result),) = decode_many([], [program], lambda _, given: given, 1, executor, scheduler)
     return result
 
 

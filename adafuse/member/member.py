@@ -24,6 +24,7 @@ from dataclasses import replace
 import torch
 from transformers import DynamicCache
 
+from adafuse.backend import Read
 from adafuse.member.context import Context, Reading, Rows
 from adafuse.member.passes import Forward, ReadPrompt
 from adafuse.member.runner import Runner
@@ -229,7 +230,7 @@ class Member:
         self.forward_passes += 1
         self.tokens_fed += input_ids.numel()
         masked = self._control_index(HOST) if logprobs and self.context.mask_control else None
-        return (yield Forward(self.runner, cache, input_ids, last_only, lengths, logprobs, masked))
+        return (yield Forward(self.runner, Read(cache, input_ids, lengths, last_only, logprobs, masked)))
 
     def _control_index(self, device: torch.device) -> torch.Tensor | None:
         tokenisation = self.tokenisation

@@ -16,29 +16,24 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-import torch
+from adafuse.backend import Read
 
 Program = Generator[Any, Any, Any]  # yields Forward / ReadPrompt (or lists of them), returns its result
 
 
 @dataclass(eq=False)
 class Forward:
-    """Read `input_ids` (rows, width) after `cache` (which grows by them) with `runner`'s weights: the logits
-    in float32, (rows, width, vocab); with `lengths` (row i's real ids, the rest right padding, never
-    computed) packed, (sum(lengths), vocab); with `last_only`, the last position's alone. With `logprobs`,
-    their log-softmax, the ids of `masked` at -inf (the member's control tokens, where its context masks them)."""
+    """A read with `runner`'s weights: `read` (adafuse/backend/interface.py `Read`: its ids after its cache, which grows
+    by them, and what comes back: float32 logits, (rows, width, vocab); packed, (sum(lengths), vocab), with lengths;
+    the last position's alone with `last_only`; their log-softmax, the member's control tokens at -inf, with
+    `logprobs`). The engine hands the read to the backend as it is."""
 
     runner: Any  # adafuse.member.runner.Runner: whose weights
-    cache: Any  # the context or fork it reads after (a DynamicCache of adafuse/member/cache.py's layers)
-    input_ids: torch.Tensor
-    last_only: bool = False
-    lengths: list[int] | None = None
-    logprobs: bool = False
-    masked: torch.Tensor | None = None
+    read: Read
 
     @property
     def rows(self) -> int:
-        return self.input_ids.shape[0]
+        return self.read.rows
 
 
 @dataclass(eq=False)

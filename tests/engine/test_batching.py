@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from adafuse import Ensemble, Job, Request, ScoreJob, SingleConfig
+from adafuse.backend import MERGED
 from adafuse.backend.attention import PREFIX
 from adafuse.config import ModelConfig
 from adafuse.engine.executor import Executor
 from adafuse.engine.loop import decode_many, drive
-from adafuse.engine.planner import MERGED
+from adafuse.engine.scheduler import Scheduler
 from adafuse.ensemble import resolve_method
 from adafuse.errors import BatchMemoryError
 from adafuse.member.cache import PromptStore
@@ -127,7 +128,7 @@ def test_a_model_is_prepared_for_merging_when_its_member_is_made(paper_pair_dir)
 def test_a_pass_that_cannot_fit_is_a_named_error(tiny):
     prompts = ["Question: What is the capital of France?\nAnswer:"] * 2
     with pytest.raises(BatchMemoryError, match="MiB"):
-        tiny.decode_batch(prompts, batch_size=2, max_new_tokens=4, executor=Executor(memory_budget=1 << 20))
+        tiny.decode_batch(prompts, batch_size=2, max_new_tokens=4, scheduler=Scheduler(memory_budget=1 << 20))
 
 
 PROMPTS = ["Question: Who wrote Hamlet?\nAnswer:", "1, 2, 3, 4,", "The capital of Peru is", "Once upon a time"] * 2
@@ -175,9 +176,9 @@ def test_a_merged_pass_orders_its_rows_by_slot(smol):
     executor, merged = Executor(), []
     run = executor.run
 
-    def spy(plans, requests, examples):
+    def spy(plans, requests):
         merged.extend(plan.places for plan in plans if plan.kind == MERGED)
-        return run(plans, requests, examples)
+        return run(plans, requests)
 
     executor.run = spy
     for _ in decode_many([smol], range(len(PROMPTS)), one, batch_size=4, executor=executor):
@@ -194,9 +195,9 @@ def test_an_example_s_members_ask_for_their_passes_in_the_same_step(tiny):
     executor = Executor()
     run = executor.run
 
-    def spy(plans, requests, examples):
+    def spy(plans, requests):
         steps.append({r.runner.name for r in requests})
-        return run(plans, requests, examples)
+        return run(plans, requests)
 
     executor.run = spy
     spec, cfg = resolve_method("adafuse", {})
@@ -236,9 +237,9 @@ def test_a_batch_holds_each_context_once_and_a_fork_only_its_own_positions(tiny,
     requests = task_requests("gsm8k", 8, shared_data, budget=12)
     for member in tiny.members:
         member.runner.prompts = PromptStore()  # no other task's prefix stored beside this one's
-    executor = Executor()
-    decoded = dict(tiny.decode_stream(enumerate(requests), batch_size=4, executor=executor))
-    report = executor.report()
+    stream = tiny.decode_stream(enumerate(requests), batch_size=4)
+    decoded = dict(stream)
+    report = stream.batching
     for member in tiny.members:
         how = report[member.name]
         one_context = how["kv_bytes_per_token"] * how["longest_context"]
@@ -290,27 +291,27 @@ def test_a_long_scoring_job_beside_decoding_examples_does_not_stall_them(tiny):
 def test_a_device_without_room_for_another_example_holds_it_back_and_every_example_decodes(
     tiny, shared_data, monkeypatch
 ):
-    """`Executor.admits`: an example joins the batch only where every device has room for its KV and one example's
+    """`Scheduler.admits`: an example joins the batch only where every device has room for its KV and one example's
     more beside those in flight; a full device holds it back, it is not an error, and every example's text is its
-    decode alone. The executor knows what an example holds from the first it decoded."""
+    decode alone. The scheduler knows what an example holds from the first it decoded."""
     nq = (shared_data / "adafuse_local_datasets/NaturalQuestions/dev/nq_prompt.txt").read_text() + "\n\n"
     questions = ["who wrote hamlet", "where is the eiffel tower", "when did ww2 end", "what is the capital of peru"]
     requests = [Request(nq + f"Question: {q}\nAnswer:", ("\n",), 8, prefix=nq) for q in questions]
     alone = [tiny.decode(r) for r in requests]
-    executor, in_flight = Executor(), []
-    dict(tiny.decode_stream(enumerate(requests[:1]), batch_size=1, executor=executor))  # what one example holds
-    one_example = sum(c.kv_peak_bytes_per_example for c in executor.counts.values())
-    ledgers = [m.runner.ledger for m in tiny.members]
+    scheduler, in_flight = Scheduler(), []
+    dict(tiny.decode_stream(enumerate(requests[:1]), batch_size=1, scheduler=scheduler))  # what one example holds
+    one_example = sum(figures.kv_peak_bytes_per_example for figures in scheduler.kv.values())
+    runners = [m.runner for m in tiny.members]
     backend = tiny.members[0].runner.backend
     capacity = 4 * one_example  # room for two examples and one to spare (the stored prefix is not an example's)
-    monkeypatch.setattr(type(backend), "free_memory", lambda self, device: capacity - sum(l.held for l in ledgers))
-    run = executor.run
+    monkeypatch.setattr(type(backend), "free_memory", lambda self, device: capacity - sum(r.kv_held() for r in runners))
+    update = scheduler.update
 
-    def spy(plans, requests_, examples):
+    def spy(requests_, examples):
         in_flight.append(examples)
-        return run(plans, requests_, examples)
+        return update(requests_, examples)
 
-    executor.run = spy
-    decoded = dict(tiny.decode_stream(enumerate(requests), batch_size=4, executor=executor))
+    scheduler.update = spy
+    decoded = dict(tiny.decode_stream(enumerate(requests), batch_size=4, scheduler=scheduler))
     assert 1 < max(in_flight) < 4
     assert [decoded[i].text for i in range(4)] == [g.text for g in alone]

@@ -76,7 +76,7 @@ def test_what_exactness_fixes_the_stock_kernels_round_a_request_by_the_rows_besi
 
 
 def test_a_prompt_tail_read_in_a_merged_pass_gets_the_logits_and_cache_of_its_read_alone(pair):
-    """A step's last prompt shares the merged pass (adafuse/engine/planner.py `plan_step`): its tail, read after a
+    """A step's last prompt shares the merged pass (adafuse/engine/scheduler.py `plan_step`): its tail, read after a
     stored prefix for the last position's logits alone, beside other examples' steps, is bit for bit its
     read alone, logits and cache, and the steps are their passes alone."""
     for member in pair.members:

@@ -1,6 +1,7 @@
 """The engine loop (adafuse/engine/loop.py) and `together` (adafuse/member/passes.py) on scripted programs: what
-each step asks the executor for, in which row order, what every program gets back, and how a run ends. No model:
-the executor here answers each request with its own name and counts its steps; tests/engine/ runs real ones."""
+each step asks the scheduler and executor for, in which row order, what every program gets back, and how a run
+ends. No model: the executor here answers each request with its own name and counts its steps; tests/engine/ runs
+real ones."""
 
 import pytest
 
@@ -9,24 +10,27 @@ from adafuse.member.passes import together
 
 
 class Recording:
-    """An executor that answers every request with (request, step) and records each step's requests in row order
-    (a request's place is its index) and how many examples were in flight."""
+    """A scheduler and executor in one that plans one pass of every request, answers every request with (request,
+    step) and records each step's requests in row order (a request's place is its index) and how many examples were
+    in flight."""
 
     def __init__(self):
         self.steps: list[list[str]] = []
         self.in_flight: list[int] = []
 
-    def plan(self, requests):
-        return [("one pass", len(requests))]
-
     def admits(self, runners, in_flight):
         return True
 
-    def run(self, plans, requests, examples):
-        assert plans == [("one pass", len(requests))]  # the plan the executor made for these requests
+    def schedule(self, requests):
+        return [("one pass", len(requests))]
+
+    def run(self, plans, requests):
+        assert plans == [("one pass", len(requests))]  # the plan the scheduler made for these requests
         self.steps.append(list(requests))
-        self.in_flight.append(examples)
         return [(request, len(self.steps)) for request in requests]
+
+    def update(self, requests, examples):
+        self.in_flight.append(examples)
 
 
 class Clone:
@@ -56,7 +60,7 @@ def asks(name: str, times: int, log: list | None = None):
 
 def test_together_asks_for_every_program_s_next_pass_in_one_step_and_returns_in_order():
     executor = Recording()
-    got = drive(together([asks("a", 2), asks("b", 3), asks("c", 0)]), executor)
+    got = drive(together([asks("a", 2), asks("b", 3), asks("c", 0)]), executor, executor)
     assert executor.steps == [["a:0", "b:0"], ["a:1", "b:1"], ["b:2"]]
     assert got == [[("a:0", 1), ("a:1", 2)], [("b:0", 1), ("b:1", 2), ("b:2", 3)], []]
 
@@ -69,7 +73,7 @@ def test_a_program_that_asks_with_a_list_gets_a_list_and_one_that_asks_for_one_g
         return first, second, empty
 
     executor = Recording()
-    assert drive(both(), executor) == ([("x", 1), ("y", 1)], ("z", 2), [])
+    assert drive(both(), executor, executor) == ([("x", 1), ("y", 1)], ("z", 2), [])
     assert len(executor.steps) == 2
 
 
@@ -81,14 +85,17 @@ def test_a_failing_program_in_together_closes_the_others_and_its_error_is_raised
         raise ValueError("this program fails")
 
     with pytest.raises(ValueError, match="this program fails"):
-        drive(together([asks("a", 5, closed), failing(), asks("b", 5, closed)]), Recording())
+        recording = Recording()
+        drive(together([asks("a", 5, closed), failing(), asks("b", 5, closed)]), recording, recording)
     assert sorted(closed) == ["a", "b"]  # their cleanup ran: nothing is left waiting
 
 
 def test_examples_step_together_in_slot_order_and_slots_are_refilled_at_the_next_step():
     executor, members = Recording(), [Clone(), None]
     lengths = {"p": 1, "q": 3, "r": 2}
-    done = list(decode_many(members, list(lengths), lambda slot, name: asks(name, lengths[name]), 2, executor))
+    done = list(
+        decode_many(members, list(lengths), lambda slot, name: asks(name, lengths[name]), 2, executor, executor)
+    )
     assert [key for key, _ in done] == ["p", "r", "q"]  # r and q end in the same step: in slot order
     # step 1: p and q; p finishes, so r takes slot 0 at step 2, beside q: slot 0's requests come first
     assert executor.steps[:2] == [["p:0", "q:0"], ["r:0", "q:1"]]
@@ -108,14 +115,19 @@ def test_a_failing_example_ends_the_run_closing_every_program_in_flight():
         raise RuntimeError("example failed")
 
     with pytest.raises(RuntimeError, match="example failed"):
-        list(decode_many([Clone()], ["a", "bad", "b"], make, 3, Recording()))
+        recording = Recording()
+        list(decode_many([Clone()], ["a", "bad", "b"], make, 3, recording, recording))
     assert sorted(closed) == ["a", "b"]
 
 
 def test_a_caller_that_stops_iterating_closes_every_program_in_flight():
     closed, members = [], [Clone()]
     stream = decode_many(
-        members, ["short", "long"], lambda slot, name: asks(name, 1 if name == "short" else 9, closed), 2, Recording()
+        members,
+        ["short", "long"],
+        lambda slot, name: asks(name, 1 if name == "short" else 9, closed),
+        2,
+        *[Recording()] * 2,
     )
     assert next(stream)[0] == "short"
     stream.close()
@@ -124,7 +136,10 @@ def test_a_caller_that_stops_iterating_closes_every_program_in_flight():
 
 def test_a_cancelled_example_is_closed_and_its_slot_taken_by_the_next():
     closed = []
-    engine = Engine([Clone()], lambda slot, name: asks(name, 3, closed), batch_size=1, executor=Recording())
+    recording = Recording()
+    engine = Engine(
+        [Clone()], lambda slot, name: asks(name, 3, closed), batch_size=1, executor=recording, scheduler=recording
+    )
     engine.submit("a", "a")
     engine.submit("b", "b")
     engine.step()

@@ -144,6 +144,29 @@ def test_no_per_thread_state_outside_the_backend(path):
     assert "ContextVar" not in source and "threading.local" not in source
 
 
+OUTSIDE_MEMBER = [
+    path
+    for path in python_files("adafuse", "baselines", "eval", "serve")
+    if not relative(path).startswith("adafuse/member/")
+]
+MEMBER_INTERNALS = {"prompts", "ledger"}  # a runner's store of prompt prefixes and its KV ledger
+
+
+@pytest.mark.parametrize("path", OUTSIDE_MEMBER, ids=relative)
+def test_nothing_outside_the_member_touches_its_stores_or_its_cache_module(path):
+    """The scheduler, the executor and the methods ask a member's runner (adafuse/member/runner.py) what a prompt
+    reads, what its read leaves and what the examples hold: the store of prefixes, the KV ledger and the cache
+    module (adafuse/member/cache.py) are the member's (the backend reads a cache's layers it is handed)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    reached = [
+        f"{ast.unparse(node)} (line {node.lineno})"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr in MEMBER_INTERNALS and "runner" in ast.unparse(node.value)
+    ]
+    reached += sorted(name for name in imported_modules(path) if name == "adafuse.member.cache")
+    assert not reached
+
+
 SHIPPED = ["adafuse", "baselines", "eval", "serve", "conf", "hydra_plugins"]  # pyproject's packages
 
 

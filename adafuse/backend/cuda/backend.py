@@ -30,11 +30,10 @@ from adafuse.backend.cuda.attention import KERNEL, packed_attention, torch_varle
 from adafuse.backend.cuda.choice import Choice, decide
 from adafuse.backend.exact import MEMORY_SHARE, alone_pass, device_free_memory, finish, prefix_pass, prepared_for
 from adafuse.backend.forward import ForwardContext
-from adafuse.backend.interface import ALONE, MERGED, PREFIX, Backend, Execution, Pass, Prepared, Ran
+from adafuse.backend.interface import ALONE, MERGED, PREFIX, PROMPT, Backend, Execution, Pass, Prepared, Ran
 from adafuse.backend.probe_store import ProbeStore
 from adafuse.backend.split_pass import merged_pass
 from adafuse.backend.transformers_check import check_model, check_transformers
-
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +92,11 @@ class CudaBackend(Backend):
         with torch.inference_mode():
             if p.kind == PREFIX:
                 return prefix_pass(p, context)
-            if p.kind not in (ALONE, MERGED):
-                raise ValueError(f"a pass is {PREFIX!r}, {ALONE!r} or {MERGED!r}, not {p.kind!r}")
-            if p.kind == ALONE and not (p.reads[0].cache.layers and p.model.splits_attention):
-                # a prompt read from nothing, or a model whose attention cannot be split: never merged, always alone
+            if p.kind in (PROMPT, ALONE):  # read from nothing, or by weights whose attention cannot be split
                 return [finish(p.reads[0], alone_pass(p.model, p.reads[0], context))]
-            # alone or merged, a read after a cache takes the packed pass: the same kernels either way
+            if p.kind != MERGED:
+                raise ValueError(f"a pass is {PREFIX!r}, {PROMPT!r}, {ALONE!r} or {MERGED!r}, not {p.kind!r}")
+            # one read or several, the packed pass: the very same kernels whoever shares it
             logits = merged_pass(p.model, list(p.reads), context, one_call)
             return [finish(read, result) for read, result in zip(p.reads, logits)]
 

@@ -1,9 +1,11 @@
-"""The planner on plain data (adafuse/engine/planner.py `plan_step`): which waiting requests meet in which pass,
-in which order, where a prompt's shared prefix is read, and where memory splits a pass. No model is loaded."""
+"""The scheduler's planning on plain data (adafuse/engine/scheduler.py `plan_step`): which waiting requests meet in
+which pass, in which order, where a prompt's shared prefix is read, and where memory splits a pass. No model is
+loaded."""
 
 import pytest
 
-from adafuse.engine.planner import ALONE, MERGED, PREFIX, PROMPT, PassPlan, RequestShape, pass_bytes, plan_step
+from adafuse.backend import ALONE, MERGED, PREFIX, PROMPT
+from adafuse.engine.scheduler import PassPlan, RequestShape, pass_bytes, plan_step
 from adafuse.errors import BatchMemoryError
 
 KV_BYTES, LAYERS, VOCAB = 100, 4, 10  # per token of cache over all layers; layers; logit columns
@@ -54,14 +56,15 @@ def test_a_prefix_not_stored_yet_is_read_once_first_for_every_prompt_of_its_weig
         PassPlan(PREFIX, (0,)),
         PassPlan(PREFIX, (3,)),
         PassPlan(MERGED, (0, 1, 2)),
-        PassPlan(ALONE, (3,)),
+        PassPlan(MERGED, (3,)),
     ]
 
 
-def test_a_lone_request_of_its_weights_runs_alone():
+def test_a_lone_request_of_its_weights_takes_the_packed_pass_any_request_would_share():
+    """So that its bits never depend on whether another example asked in the same step."""
     assert plan_step([step(1, weights=1), step(0, weights=2)], budget(BIG)) == [
-        PassPlan(ALONE, (0,)),
-        PassPlan(ALONE, (1,)),
+        PassPlan(MERGED, (0,)),
+        PassPlan(MERGED, (1,)),
     ]
 
 
@@ -89,7 +92,7 @@ def test_a_merged_pass_over_the_budget_is_cut_into_chunks_that_keep_place_order(
     assert plan_step(waiting, budget(2 * one)) == [
         PassPlan(MERGED, (0, 1)),
         PassPlan(MERGED, (2, 3)),
-        PassPlan(ALONE, (4,)),
+        PassPlan(MERGED, (4,)),
     ]
 
 
