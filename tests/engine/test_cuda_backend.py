@@ -18,7 +18,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
-from adafuse.backend import ALONE, MERGED, Execution, Pass, Read, backend_for
+from adafuse.backend import MERGED, PROMPT, Execution, Pass, Read, backend_for
 from adafuse.backend.probe_store import ProbeStore
 from adafuse.member.cache import KVLedger, context_cache, fork_cache, view_cache
 from tests.support.interpreter import compiled, interpreted, interpreter_runs, run_interpreted
@@ -78,7 +78,7 @@ def run(backend, kind: str, model, reads: list[Read], exact: bool = True) -> lis
 def prompt_cache(backend, model, ids: list[int]):
     """A prompt of `ids` read from nothing through `backend`: its context cache."""
     read = Read(DynamicCache(), torch.tensor([ids]), last_only=True)
-    run(backend, ALONE, model, [read])
+    run(backend, PROMPT, model, [read])
     return context_cache(read.cache, KVLedger())
 
 
@@ -116,7 +116,7 @@ def test_the_choice_is_made_on_the_device_and_kept_in_the_store(models, tmp_path
 def test_a_read_has_the_bits_of_its_pass_alone_among_any_other_reads(models):
     backend, model, cpu = models
     caches, inputs = mixed_reads(backend, model)
-    alone = [run(backend, ALONE, model, [Read(view_cache(c), x, n)])[0] for c, (x, n) in zip(caches, inputs)]
+    alone = [run(backend, MERGED, model, [Read(view_cache(c), x, n)])[0] for c, (x, n) in zip(caches, inputs)]
     for order in ([0, 1, 2, 3], [3, 2, 1, 0], [2, 0]):
         merged_caches = [view_cache(caches[j]) for j in order]
         reads = [Read(c, *inputs[j]) for c, j in zip(merged_caches, order)]
@@ -126,7 +126,7 @@ def test_a_read_has_the_bits_of_its_pass_alone_among_any_other_reads(models):
             assert cache.get_seq_length() == caches[j].get_seq_length() + inputs[j][0].shape[1]
     # the kernels compute what the CPU backend computes, up to rounding
     cpu_caches, _ = mixed_reads(backend_for("cpu"), cpu)
-    cpu_alone = [run(backend_for("cpu"), ALONE, cpu, [Read(c, x, n)])[0] for c, (x, n) in zip(cpu_caches, inputs)]
+    cpu_alone = [run(backend_for("cpu"), MERGED, cpu, [Read(c, x, n)])[0] for c, (x, n) in zip(cpu_caches, inputs)]
     for mine, theirs in zip(alone, cpu_alone):
         assert mine.shape == theirs.shape and torch.allclose(mine, theirs, atol=1e-4, rtol=1e-4)
 
@@ -137,7 +137,7 @@ def test_a_prompt_tail_beside_steps_has_the_bits_of_its_read_alone(models):
     stored = prompt_cache(backend, model, PROMPTS[1][:6])
     tail = torch.tensor([PROMPTS[1][6:]])
     steps, _ = mixed_reads(backend, model)
-    alone = run(backend, ALONE, model, [Read(view_cache(stored), tail, last_only=True)])[0]
+    alone = run(backend, MERGED, model, [Read(view_cache(stored), tail, last_only=True)])[0]
     merged = run(
         backend, MERGED, model, [Read(view_cache(stored), tail, last_only=True), Read(steps[0], torch.tensor([[4]]))]
     )

@@ -8,7 +8,7 @@ import copy
 import torch
 from transformers import AutoModelForCausalLM
 
-from adafuse.backend import ALONE, MERGED, Execution, Pass, Read
+from adafuse.backend import ALONE, MERGED, PROMPT, Execution, Pass, Read
 from adafuse.member.member import Member
 
 WINDOW = 16  # Gemma-3's sliding window in conftest's `narrow` and `tiny_shaped` (the real model's: 512)
@@ -23,7 +23,11 @@ def pass_alone(member: Member, cache, input_ids: torch.Tensor, last_only=False, 
     """One read in a pass of its own through the member's backend, as the engine runs it: its float32 logits
     (adafuse/backend/interface.py `Read` for their shape). The cache grows by the ids."""
     read = Read(cache, input_ids, lengths, last_only)
-    (ran,) = member.runner.backend.execute([Pass(ALONE, member.runner.prepared, (read,))], Execution.here(exact))
+    if not cache.get_seq_length():
+        kind = PROMPT
+    else:
+        kind = MERGED if member.runner.splits_attention else ALONE
+    (ran,) = member.runner.backend.execute([Pass(kind, member.runner.prepared, (read,))], Execution.here(exact))
     return ran.results[0]
 
 
