@@ -243,14 +243,23 @@ def rows_keep_bits(op, width: int, like: torch.Tensor) -> bool:
 
 
 def requests_alone(
-    attention, heads: int, kv_heads: int, head_dim: int, like: torch.Tensor, counts=REQUESTS, timed=(), first=False
+    attention,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    like: torch.Tensor,
+    counts=REQUESTS,
+    timed=(),
+    first=False,
+    shapes=None,
 ) -> Alone:
     """Does `attention(q, k, v, cu_q, cu_k, scale, window, max_q, max_k)` give a request the bits it gets alone,
-    first, in the middle and last among each of `counts` requests of other lengths (a step of one query, a prompt's
-    tail, rows of a fork, after up to CACHED_KEYS keys)? `first` and `timed` as in `rows_alone`."""
+    first, in the middle and last among each of `counts` requests of other lengths? `shapes`: each request's
+    (queries, cached keys), default a mix of a step of one query, a prompt's tail and rows of a fork after up to
+    CACHED_KEYS keys. `first` and `timed` as in `rows_alone`."""
     longest = CACHED_KEYS.get(like.device.type, CACHED_KEYS["cpu"])
     most = max((*counts, *timed))
-    shapes = [(1 + (7 * i) % 9, 3 + (13 * i * longest // 60) % longest) for i in range(most)]  # (queries, cached)
+    shapes = shapes or [(1 + (7 * i) % 9, 3 + (13 * i * longest // 60) % longest) for i in range(most)]
     generator = torch.Generator(device=like.device).manual_seed(1)
 
     def draw(n: int, h: int) -> torch.Tensor:
