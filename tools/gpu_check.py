@@ -353,13 +353,14 @@ def overrides(run: Run, pair: Path, task: dict, results: Path) -> list[str]:
 def estimate(smoke: dict, layers: int, smoke_layers: int) -> dict:
     """The timing stage's seconds at `layers`, from the smoke stage's figures, each taken as growing with the layers:
     writing the pair (the smoke pair's seconds per byte), loading it twice (the run's and `generate()`'s: the smoke
-    run's wall seconds beside its decode, per byte, its probes and compiling included) and the decode (the smoke's
+    run's wall seconds beside its decode and its probes, per byte) and the decode (the smoke's
     AdaFuse at batch 8 per layer, TIMING_COST times). An overestimate: a pass's vocabulary projection, log-softmax
     and the method's own work do not grow with the layers."""
     build, first = smoke["build"], smoke["adafuse_exact_b8"]
     smoke_bytes = sum(m["bytes"] for m in build["models"].values())
     write = sum(m["seconds"] for m in build["models"].values()) / smoke_bytes
-    load = (first["wall_seconds"] - first["decode_seconds"]) / smoke_bytes
+    probes = sum(p.get("probe_seconds", 0.0) for p in first["passes"].values() if p)  # compiling too: not per byte
+    load = (first["wall_seconds"] - first["decode_seconds"] - probes) / smoke_bytes
     per_layer = sum(m["layer_bytes"] for m in build["models"].values())
     pair_bytes = smoke_bytes + (layers - smoke_layers) * per_layer
     decode = TIMING_COST * first["decode_seconds"] * layers / smoke_layers
