@@ -23,15 +23,13 @@ output of one call against its output alone, bit for bit, and the time of each w
   with the key/value sequence never split across thread blocks (`num_splits=1`, torch >= 2.13), which its
   documentation says makes a sequence's bits independent of the batch.
 
-`python -m tools.gpu_check --full` records it for the paper's pair on the GPU (`ops.attention_ways`).
+The verdicts and times are the CUDA backend's own probe's (adafuse/backend/cuda/choice.py `requests_alone`, each
+way in its packed form): a request among the first 1 to 8 in one call against the same call over it alone.
 """
 
 import argparse
 import inspect
 import json
-import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -40,6 +38,7 @@ from transformers import LlamaConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from adafuse.backend.attention import AloneMasks, Span
+from adafuse.backend.cuda.choice import requests_alone
 from tools.bench_decode import cpu_model
 
 # (width, cached length) per request: a merged pass of decoding requests after 5-shot NQ prompts (about
@@ -50,37 +49,32 @@ DTYPES = ("bfloat16", "float16", "float32")
 ERROR_CHARS = 160  # of a way's error kept in the record (torch's dispatch errors list every backend)
 
 
-def probe(device: str, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, shapes=SHAPES, repeats=20) -> dict:
-    """Each way's verdicts and milliseconds per merged pass (median of `repeats`), on seeded random inputs."""
-    generator = torch.Generator(device="cpu").manual_seed(0)
-
-    def random(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
-
-    queries = [random(1, heads, width, head_dim) for width, _ in shapes]
-    keys = [random(1, kv_heads, length + width, head_dim) for width, length in shapes]
-    values = [random(1, kv_heads, length + width, head_dim) for width, length in shapes]
+def probe(device: str, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, shapes=SHAPES) -> dict:
+    """Each way's verdicts and milliseconds per merged pass of `shapes` (`requests_alone`'s timing), and how its
+    outputs compare with the engine's per request on the same seeded random inputs."""
+    like = torch.empty(0, dtype=dtype, device=device)
     module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
-    scale = head_dim**-0.5
     alone_mask = engine_masks(heads, kv_heads, head_dim)
 
-    def per_request() -> list[torch.Tensor]:
-        outputs = []
-        for (width, length), q, k, v in zip(shapes, queries, keys, values, strict=True):
-            mask = alone_mask(width, length, q)
-            outputs.append(sdpa_attention_forward(module, q, k, v, mask, scaling=scale)[0][0])
-        return outputs
+    def per_request(shapes, queries, keys, values, scale) -> list[torch.Tensor]:
+        return [
+            sdpa_attention_forward(module, q, k, v, alone_mask(width, length, q), scaling=scale)[0][0]
+            for (width, length), q, k, v in zip(shapes, queries, keys, values, strict=True)
+        ]
 
-    def sdpa_padded(which: list[int]) -> list[torch.Tensor]:
-        return padded_call(module, scale, [shapes[i] for i in which], [queries[i] for i in which],
-                           [keys[i] for i in which], [values[i] for i in which], device)  # fmt: skip
+    ways = {
+        "sdpa_padded": lambda shapes, *qkv, scale: padded_call(module, scale, shapes, *qkv, device),
+        "varlen": lambda shapes, *qkv, scale: varlen_call(scale, shapes, *qkv),
+        "varlen_one_split": lambda shapes, *qkv, scale: varlen_call(scale, shapes, *qkv, splits=1),
+    }
+    everyone = len(shapes)
 
-    def varlen(which: list[int], splits: int | None = None) -> list[torch.Tensor]:
-        return varlen_call(scale, [shapes[i] for i in which], [queries[i] for i in which],
-                           [keys[i] for i in which], [values[i] for i in which], splits)  # fmt: skip
+    def alone(way) -> object:  # a request among the first 1 to 8 against the same call over it alone, and ms
+        at = {"counts": range(1, everyone + 1), "timed": (everyone,), "shapes": shapes}
+        return requests_alone(packed(way), heads, kv_heads, head_dim, like, **at)
 
-    every = list(range(len(shapes)))
-    alone = per_request()
+    inputs = packed_inputs(shapes, heads, kv_heads, head_dim, like)
+    reference = packed(per_request)(*inputs)
     result = {
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
@@ -88,26 +82,56 @@ def probe(device: str, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: 
         "kv_heads": kv_heads,
         "head_dim": head_dim,
         "shapes": [list(shape) for shape in shapes],
-        "per_request": {"ms": milliseconds(per_request, device, repeats)},
+        "per_request": {"ms": alone(per_request).ms[everyone]},
     }
-    ways = {"sdpa_padded": sdpa_padded, "varlen": varlen, "varlen_one_split": lambda which: varlen(which, 1)}
-    for name, call in ways.items():
+    for name, way in ways.items():
+        call = packed(lambda shapes, q, k, v, scale, way=way: way(shapes, q, k, v, scale=scale))
         try:
-            together = call(every)
+            together = call(*inputs)
+            found = alone(lambda shapes, q, k, v, scale, way=way: way(shapes, q, k, v, scale=scale))
         except (RuntimeError, NotImplementedError, ImportError) as err:  # e.g. varlen off CUDA
             result[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:ERROR_CHARS]}"}
             continue
-        by_itself = [call([i])[0] for i in every]
         result[name] = {
-            "equals_alone": same(together, alone),
-            "batch_invariant": same(together, by_itself),
-            "max_difference": largest_difference(together, alone),
-            "ms": milliseconds(lambda call=call: call(every), device, repeats),
+            "equals_alone": torch.equal(together, reference),
+            "batch_invariant": found.keeps_bits,
+            "max_difference": (together.float() - reference.float()).abs().max().item(),
+            "ms": found.ms[everyone],
         }
     return result
 
 
-def engine_masks(heads: int, kv_heads: int, head_dim: int) -> Callable:
+def packed(way):
+    """`way(shapes, queries, keys, values, scale)`, over each request's (1, heads, n, d) tensors, in the packed form
+    the backend's attention and its probe take: `attend(q, k, v, cu_q, cu_k, scale, window, max_q, max_k)`."""
+
+    def attend(q, k, v, cu_q, cu_k, scale, window, max_q, max_k):
+        widths, spans = cu_q.diff().tolist(), cu_k.diff().tolist()
+        queries = [x.transpose(0, 1)[None] for x in q.split(widths)]
+        keys, values = ([x.transpose(0, 1)[None] for x in t.split(spans)] for t in (k, v))
+        shapes = [(w, n - w) for w, n in zip(widths, spans, strict=True)]
+        return torch.cat(way(shapes, queries, keys, values, scale))
+
+    return attend
+
+
+def packed_inputs(shapes, heads: int, kv_heads: int, head_dim: int, like: torch.Tensor) -> tuple:
+    """Seeded random queries, keys and values of `shapes`, packed end to end: `attend`'s arguments."""
+    generator = torch.Generator(device="cpu").manual_seed(0)
+
+    def random(n: int, h: int) -> torch.Tensor:
+        return torch.randn(n, h, head_dim, generator=generator).to(like)
+
+    q = torch.cat([random(width, heads) for width, _ in shapes])
+    k, v = (torch.cat([random(width + length, kv_heads) for width, length in shapes]) for _ in range(2))
+    cu_q, cu_k = (
+        torch.tensor([0, *lengths], device=like.device).cumsum(0).to(torch.int32)
+        for lengths in ([w for w, _ in shapes], [w + n for w, n in shapes])
+    )
+    return q, k, v, cu_q, cu_k, head_dim**-0.5, None, max(w for w, _ in shapes), max(w + n for w, n in shapes)
+
+
+def engine_masks(heads: int, kv_heads: int, head_dim: int):
     """`mask(width, length, query)`: the mask the engine gives a request's attention in its pass alone
     (adafuse/backend/attention.py `AloneMasks`, transformers' own mask functions: none where SDPA's causal flag
     does), for a full-attention model of these heads."""
@@ -122,17 +146,6 @@ def engine_masks(heads: int, kv_heads: int, head_dim: int) -> Callable:
         return masks.get(config, None, Span(rows=slice(0, 1), length=length, width=width), query)
 
     return mask
-
-
-def same(outputs: list[torch.Tensor], others: list[torch.Tensor]) -> bool:
-    """Every request's output equal to the other's, bit for bit."""
-    return all(torch.equal(a, b) for a, b in zip(outputs, others, strict=True))
-
-
-def largest_difference(outputs: list[torch.Tensor], others: list[torch.Tensor]) -> float:
-    """The largest absolute difference between two ways' outputs: rounding (a way that computes the same
-    attention) or not (one that computes another, e.g. a causal window aligned elsewhere)."""
-    return max((a.float() - b.float()).abs().max().item() for a, b in zip(outputs, others, strict=True))
 
 
 def causal_mask(width: int, length: int, device) -> torch.Tensor:
@@ -189,20 +202,6 @@ def varlen_call(scale: float, shapes, queries, keys, values, splits: int | None 
         scale=scale, window_size=(-1, 0), **options,
     )  # fmt: skip
     return list(out.split(widths))
-
-
-def milliseconds(run: Callable, device, repeats: int) -> float:
-    """Median wall milliseconds of `run()`, the device synchronised around each, after one untimed call."""
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    run()
-    times = []
-    for _ in range(repeats):
-        sync()
-        started = time.perf_counter()
-        run()
-        sync()
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
 
 
 def main() -> None:

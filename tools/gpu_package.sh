@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# Gather into gpu_package/ (git-ignored) what `python -m tools.gpu_check --full` needs on a bare GPU machine
-# without network, beside this checkout: the wheels its image lacks (run.py's among them: the check decodes
-# through run.py, Hydra and the runner), the two tokenizer files that tools/make_paper_pair.py converts, the
-# NQ and GSM8K files the prompts are made of, and run.sh, the one command to run there from the checkout's
-# root (docs/speed.md):
+# The GPU check (tools/gpu_check.py) on a bare GPU machine without network, beside this checkout, in two steps:
 #
-#   bash tools/gpu_package.sh [DATA_DIR]      # here, with network to PyPI; DATA_DIR: ../shared/data by default
-#   bash gpu_package/run.sh [--out FILE]      # there: results/bench/gpu_full.json by default
+#   bash tools/gpu_package.sh [DATA_DIR]   # here, with network to PyPI: gather gpu_package/ (git-ignored)
+#   bash tools/gpu_package.sh --run [ARGS] # there, from the checkout's root: the wheels, then the check with ARGS
 #
-# The image (docs/speed.md): Python 3.12, torch 2.11 + CUDA 13, transformers 5.17, accelerate, tokenizers,
-# safetensors, sentencepiece, protobuf, psutil, sacrebleu, pandas, numpy. Each wheel is the version this
-# checkout's venv runs (its tests ran on them), for CPython 3.12 on x86-64 Linux.
+# gpu_package/ holds the wheels the machine's image lacks (run.py's among them: the check decodes through run.py,
+# Hydra and the runner), the two tokenizer files that tools/make_paper_pair.py converts, and the NQ and GSM8K files
+# the prompts are made of (DATA_DIR: ../shared/data by default). The image (docs/speed.md): Python 3.12, torch 2.11
+# + CUDA 13, Triton 3.6, transformers 5.17, accelerate, tokenizers, safetensors, sentencepiece, protobuf, psutil,
+# sacrebleu, pandas, numpy. Each wheel is the version this checkout's venv runs (its tests ran on them), for CPython
+# 3.12 on x86-64 Linux.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PACKAGE=gpu_package
+if [ "${1:-}" = "--run" ]; then
+    shift
+    SITE=${SITE:-/tmp/site} # where the wheels go: beside the image's packages, before them on the path
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        "$PACKAGE"/wheels/*.whl
+    export PYTHONPATH=$SITE:$PWD/$PACKAGE/tokenizer_sources${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+    exec python3 -m tools.gpu_check --data-dir "$PACKAGE/data" "$@"
+fi
 PY=${PYTHON:-.venv/bin/python}
 DATA=${1:-${ADAFUSE_SHARED_DATA:-../shared/data}}
-PACKAGE=gpu_package
 LIMIT_MIB=60
 # transformers >= 5.23 and what its requirements need beyond the image (each wheel's Requires-Dist:
 # huggingface-hub 2.4 needs click >= 8.4.2, hf-xet >= 1.6 and httpx2; httpx2 needs httpcore2, idna >= 3.18
@@ -36,7 +43,7 @@ python3 -m pip wheel --quiet --no-deps -w "$PACKAGE/wheels" $(pinned "${SDISTS[@
 # The project itself: its entry points register the methods (adafuse/methods/__init__.py); the code run is the checkout's.
 python3 -m pip wheel --quiet --no-deps -w "$PACKAGE/wheels" .
 # llama-models' and mistral-common's tokenizer files alone, where make_paper_pair.source() looks for them
-# (each checked against its pinned sha256 here, and again there), not the packages (13 MB).
+# (each checked against its pinned sha256, here and again there), not the packages (13 MB).
 "$PY" - "$PACKAGE/tokenizer_sources" <<'EOF'
 import importlib.util
 import shutil
@@ -54,17 +61,6 @@ for name in ("llama3_tiktoken", "mistral_v3_spm"):
 EOF
 # conf/task/nq.yaml's and gsm8k.yaml's local files: the questions, the problems and the exemplars' pools
 cp -r --no-preserve=mode "$DATA/nq_open" "$DATA/gsm8k" "$PACKAGE/data/"
-cat >"$PACKAGE/run.sh" <<'EOF'
-#!/usr/bin/env bash
-# On the GPU machine, from the checkout's root (no network): the wheels beside the image's packages, then
-# the full GPU check. Arguments go to tools/gpu_check.py (--out FILE, --logs DIR, --limit SECONDS, --layers N, ...).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-SITE=${SITE:-/tmp/site} # where the wheels go: beside the image's packages, before them on the path
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" gpu_package/wheels/*.whl
-export PYTHONPATH=$SITE:$PWD/gpu_package/tokenizer_sources${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-python3 -m tools.gpu_check --full --data-dir gpu_package/data "$@"
-EOF
 du -sh "$PACKAGE"/*
 size=$(du -sm "$PACKAGE" | cut -f1)
 echo "$PACKAGE: $size MiB (at most $LIMIT_MIB; the machine takes 64 MiB with the checkout)"

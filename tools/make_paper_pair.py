@@ -38,7 +38,7 @@ What is real and what is not:
   tokens that no chat template uses (Llama's <|reserved_special_token_N|>, Mistral's [control_N])
   are zero, as such rows are untrained in the real models, so those tokens never win.
   `build` at other sizes, the weights made on another device and saved in the hub's shards, serves
-  tools/gpu_full.py: the pair at its real width, written to local disk by the GPU it then runs on.
+  tools/gpu_check.py: the pair at its real width, written to local disk by the GPU it then runs on.
 - Chat templates: not included. Neither package ships the hub's Jinja template (llama-models has
   the Llama 3.1 format in Python and Markdown only; mistral-common builds requests in Python), and
   the paper's prompts are plain few-shot text (chat_template: false). A member configured with

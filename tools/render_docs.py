@@ -529,122 +529,106 @@ def report(data: dict) -> str:
 
 
 GPU_RUN_LABELS = {
-    "adafuse_exact_b8": "AdaFuse exact, batch 8, the first run (load, probes, compiling, decode)",
-    "adafuse_exact_b8_warm": "AdaFuse exact, batch 8, again",
+    "build": "the pair written to disk",
+    "adafuse_exact_b8": "AdaFuse exact, batch 8",
     "adafuse_exact_b1": "AdaFuse exact, batch 1",
-    "adafuse_not_exact_b8": "AdaFuse not exact, batch 8",
-    "adafuse_exact_b32": "AdaFuse exact, batch 32",
-    "adafuse_exact_b8_one_gpu": "AdaFuse exact, batch 8, both members on one GPU",
-    "adafuse_profile_b8": "AdaFuse exact, batch 8, profiled",
     "generate_llama_b1": "Llama `generate()`, batch 1",
     "generate_mistral_b1": "Mistral `generate()`, batch 1",
-    "single_llama_b1": "`single` Llama, batch 1",
-    "single_llama_b8": "`single` Llama, batch 8",
-    "single_mistral_b1": "`single` Mistral, batch 1",
-    "single_mistral_b8": "`single` Mistral, batch 8",
-    "gsm8k_adafuse_exact_b32": "GSM8K: AdaFuse exact, batch 32 (a second process)",
-    "gsm8k_adafuse_not_exact_b32": "GSM8K: AdaFuse not exact, batch 32",
-    "gsm8k_adafuse_exact_b8": "GSM8K: AdaFuse exact, batch 8",
+    "unite_b8": "UniTE, batch 8",
+    "sweetspan_b8": "SweetSpan, batch 8",
+    "gsm8k_adafuse_exact_b32": "GSM8K: AdaFuse exact, batch 32",
 }
-GPU_FULL_ABSENT = (
-    "No GPU has run `python -m tools.gpu_check --full` yet: there is no `results/bench/gpu_full.json`, and this "
+GPU_CHECK_ABSENT = (
+    "No GPU has run `python -m tools.gpu_check` yet: there is no `results/bench/gpu_check.json`, and this "
     "block lists nothing until one does."
 )
 
 
-@renderer("gpu-full", "gpu_full.json", absent=GPU_FULL_ABSENT)
-def gpu_full(data: dict) -> str:
-    """tools/gpu_full.py: issue 50's goals, each run on the user's path, the op report and the profile."""
-    check, env = data["check"], data["environment"]
-    sizes = check["sizes"]
-    where = f"{env['device']} ({len(env['gpus'])} GPU{'' if len(env['gpus']) == 1 else 's'})" if env["gpus"] else "CPU"
-    facts = [f"`results/bench/gpu_full.json`, {where}, torch {env['torch']}"]
-    facts += [f"CUDA {env['cuda']}"] if env["cuda"] else []
-    facts.append(f"{sizes['num_hidden_layers']} of {check['real_layers']} layers at hidden {sizes['hidden_size']:,}")
-    if check["dry_run"]:
-        facts.append("a dry run")
+@renderer("gpu-check", "gpu_check.json", absent=GPU_CHECK_ABSENT)
+def gpu_check(data: dict) -> str:
+    """tools/gpu_check.py: issue 56's goals, the stages' seconds, the toolchain, the op report and each run."""
+    check, tools = data["check"], data.get("toolchain", {})
+    gpus = tools.get("gpus") or []
+    where = f"{gpus[0]['name']}, driver {tools.get('driver')}, CUDA {tools.get('cuda')}" if gpus else "CPU"
+    facts = [f"`results/bench/gpu_check.json`, {where}, torch {tools.get('torch')}, Triton {tools.get('triton')}"]
+    if "layers" in data:
+        facts.append(
+            f"timing runs at {data['layers']['layers']} of {check['real_layers']} layers ({data['layers']['why']})"
+        )
+    facts += ["a dry run"] if check["dry_run"] else []
     parts = ["Source: " + ", ".join(facts) + "."]
     yes_no = {True: "yes", False: "**no**", None: "not known"}
     goals = data.get("goals", {})
     batch = goals.get("batch_8_texts_equal_batch_1_or_said_batch_dependent", {})
-    ratio = goals.get("adafuse_b8_at_most_summed_generate_b1", {})
-    gsm8k = goals.get("gsm8k_b32_without_running_out_of_memory", {})
-    peaks = ", ".join(f"{gb:.1f} GB on {gpu}" for gpu, gb in gsm8k.get("peak_gb", {}).items())
+    texts = "; ".join(
+        f"{stage}: {batch[stage].get('texts', 'not run')}" for stage in ("smoke", "timing") if stage in batch
+    )
+    memory = goals.get("gsm8k_b32_within_80_gb", {})
     rows = [
+        ["batch 8's texts equal batch 1's, or the run says it is batch-dependent and why", texts, batch.get("met")],
+        *(
+            [
+                label,
+                "" if goals.get(key, {}).get("ratio") is None else f"{goals[key]['ratio']:.2f}×",
+                goals.get(key, {}).get("met"),
+            ]
+            for key, label in (
+                ("adafuse_b8_at_most_summed_generate_b1", "AdaFuse at batch 8 ≤ 1.0× the members' summed `generate()`"),
+                ("adafuse_b8_at_most_1.1_unite_b8", "AdaFuse at batch 8 ≤ 1.1× UniTE's time"),
+            )
+        ),
         [
-            "batch 8's texts equal batch 1's, or the run says it is batch-dependent",
-            f"{batch.get('texts', '')}; batch-invariant: {yes_no[batch.get('batch_invariant')]}",
-            yes_no[batch.get("met")],
-        ],
-        [
-            "AdaFuse exact at batch 8 ≤ 1.0× the members' summed `generate()` at batch 1",
-            "" if ratio.get("ratio") is None else f"{ratio['ratio']:.2f}×",
-            yes_no[ratio.get("met")],
-        ],
-        [
-            "GSM8K's prompts at batch 32 without running out of memory",
-            gsm8k.get("error") or (f"peak {peaks}" if peaks else ""),
-            yes_no[gsm8k.get("met")],
+            "GSM8K's prompts at batch 32 within 80 GB",
+            memory.get("error") or ("" if memory.get("peak_gb") is None else f"{memory['at_real_layers_gb']:.1f} GB"),
+            memory.get("met"),
         ],
     ]
-    parts.append(table(["goal (issue 50)", "found", "met"], rows))
+    parts.append(table(["goal (issue 56)", "found", "met"], [[a, b, yes_no[c]] for a, b, c in rows]))
+    stages = data.get("stages", {})
+    parts.append(
+        "Stages (seconds of their budget): "
+        + ", ".join(f"{name} {s['seconds']:.0f} of {s['budget_seconds']:.0f}" for name, s in stages.items())
+        + "."
+    )
     rows = []
-    for name, run in data.get("runs", {}).items():
-        why = run.get("error") or run.get("cut") or run.get("skipped")
-        if why:
-            rows.append([GPU_RUN_LABELS.get(name, name), "", "", why.splitlines()[0][:100], "", "", ""])
-            continue
-        peak = max((m["peak_gb"] for m in run.get("memory", {}).values()), default=None)
-        batching = run.get("batching", {}).values()
-        passes = f"{sum(m['passes'] for m in batching)} ({sum(m['merged_passes'] for m in batching)})"
-        invariant = {True: "yes", False: "no", None: ""}[run.get("batch_invariant")]
-        rows.append(
-            [
-                GPU_RUN_LABELS.get(name, name),
-                run["examples"],
-                invariant,
-                f"{run['wall_seconds']:.1f}",
-                f"{run['decode_seconds']:.1f}",
-                "" if peak is None else f"{peak:.1f} GB",
-                passes if batching else "",
-            ]
-        )
-    header = ["run", "examples", "batch-invariant", "wall s", "decode s", "peak GPU memory", "passes (merged)"]
-    parts.append(table(header, rows))
+    for stage in ("smoke", "timing"):
+        for name, run in data.get(stage, {}).items():
+            why = run.get("error") or run.get("cut") or run.get("skipped")
+            label = f"{stage}: {GPU_RUN_LABELS.get(name, name)}"
+            if why:
+                rows.append([label, "", "", why.splitlines()[0][:100], ""])
+                continue
+            peak = max((m["peak_reserved_gb"] for m in run.get("memory", {}).values()), default=None)
+            decode = run.get("decode_seconds")
+            rows.append(
+                [
+                    label,
+                    run.get("examples", ""),
+                    f"{run['wall_seconds']:.1f}",
+                    "" if decode is None else f"{decode:.1f}",
+                    "" if peak is None else f"{peak:.1f} GB",
+                ]
+            )
+    parts.append(table(["run", "examples", "wall s", "decode s", "peak GPU memory"], rows))
     ops = data.get("ops", {})
     if "linear" in ops:
 
-        def verdict(found) -> str:
-            if found is None:
-                return "not run: " + ops["kernels"]
+        def verdict(found: dict) -> str:
             if "error" in found:
                 return "not run: " + found["error"][:80]
-            return "keeps bits" if found["keeps_bits"] else "differs at " + ", ".join(map(str, found["differs_at"]))
+            bits = "keeps bits" if found["keeps_bits"] else "differs at " + ", ".join(map(str, found["differs_at"]))
+            return bits + "; " + ", ".join(f"{ms:.3g} ms at {n}" for n, ms in found["ms"].items())
 
         rows = [
             [op, shape, verdict(found["stock"]), verdict(found["kernel"])]
             for op in ("linear", "rms_norm", "log_softmax", "attention")
             for shape, found in ops[op].items()
         ]
-        counts = ", ".join(map(str, ops["rows"]))
         parts.append(table(["op", "shape", "stock kernel", "the backend's kernel"], rows))
         parts.append(
-            f"A row's bits alone against among {counts} rows (attention: a request's, among "
-            f"{', '.join(map(str, ops['requests']))} requests), {ops['dtype']}, on {ops['device']}."
+            f"A row's bits alone against among others (attention: a request's), {ops['dtype']}, on {ops['device']}; "
+            "the milliseconds of one call at the row (request) counts given."
         )
-    profile = data.get("runs", {}).get("adafuse_profile_b8", {}).get("profile")
-    if profile:
-        p = profile["per_pass"]
-        parts.append(
-            f"Per pass of the profiled run ({p['passes']} passes, {p['merged_passes']} merged): {p['wall_ms']:.1f} ms "
-            f"of wall time, {p['host_ms']:.1f} ms of it on the host outside synchronize calls, {p['gpu_ms']:.1f} ms "
-            f"of GPU time, {p['launches']:.0f} kernel launches."
-        )
-    probes = data.get("probe_time", {})
-    if probes.get("store_empty"):
-        first = ", ".join(f"{name} {s:.1f} s" for name, s in probes["store_empty"].items())
-        warm = ", ".join(f"{name} {s:.2f} s" for name, s in (probes.get("store_warm") or {}).items())
-        parts.append(f"Probe seconds at load, the store empty: {first}; in the second process: {warm or 'not run'}.")
     return "\n\n".join(parts)
 
 

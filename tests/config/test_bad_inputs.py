@@ -16,8 +16,9 @@ from conf.compose import compose_run
 from eval.lm_harness import AdaFuseLM
 from eval.report.__main__ import main as report
 from eval.runner import main
+from tests.support.bad_inputs import FAST, bad_input, pattern, prepared
 from tests.support.paths import ROOT
-from tools.bad_inputs import CASES, FAST, BadInput, bad_input, pattern, prepared
+from tools.bad_inputs import CASES, BadInput
 
 QUIET = ("wandb.mode=disabled", "progress=false")
 

@@ -14,9 +14,9 @@ from adafuse.errors import ContextLengthError, NumericsError
 from adafuse.member.member import Member
 from adafuse.methods.completion import Word, complete_words, cut_to_char
 from oracles.fast import decode
+from tests.support.bad_inputs import bad_input, pattern
 from tests.support.members import clone, long_reads_stopped
 from tests.support.prompts import nq_prompt
-from tools.bad_inputs import bad_input, pattern
 
 pytestmark = pytest.mark.slow
 

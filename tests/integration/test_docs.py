@@ -292,10 +292,10 @@ def test_a_marker_without_a_renderer_is_an_error_and_unknown_bench_files_are_lis
 
 
 def test_a_measurement_only_a_gpu_makes_says_so_until_its_file_exists(tmp_path):
-    """The GPU check's block renders its `absent` text while results/bench/gpu_full.json does not exist; any other
+    """The GPU check's block renders its `absent` text while results/bench/gpu_check.json does not exist; any other
     missing file stays an error."""
-    page = render_docs.render("<!-- bench:gpu-full -->\n<!-- /bench -->", tmp_path)
-    assert render_docs.GPU_FULL_ABSENT in page
+    page = render_docs.render("<!-- bench:gpu-check -->\n<!-- /bench -->", tmp_path)
+    assert render_docs.GPU_CHECK_ABSENT in page
     with pytest.raises(render_docs.RenderError, match="memory.json, which does not exist"):
         render_docs.render("<!-- bench:memory -->\n<!-- /bench -->", tmp_path)
 

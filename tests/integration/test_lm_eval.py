@@ -19,9 +19,9 @@ from conf.compose import compose_run
 from eval.lm_harness import AdaFuseLM
 from eval.lm_tasks import write_tasks
 from eval.runner import main
+from tests.support.bad_inputs import bad_input, pattern
 from tests.support.members import clone, long_reads_stopped
 from tests.support.paths import SHARED_DATA
-from tools.bad_inputs import bad_input, pattern
 
 pytestmark = pytest.mark.slow
 

@@ -21,8 +21,8 @@ from lm_eval.tasks import TaskManager
 import eval.lm_harness  # noqa: F401  (registers lm_eval's model "adafuse")
 from eval.lm_tasks import write_tasks
 from serve.protocol import words
+from tests.support.bad_inputs import bad_input, pattern
 from tests.support.paths import ROOT, SHARED_DATA
-from tools.bad_inputs import bad_input, pattern
 from tools.serve_process import serving
 
 pytestmark = pytest.mark.slow

@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from adafuse import Ensemble, Request, model_config
+from tests.support.bad_inputs import bad_input, pattern
 from tests.support.paths import ROOT
-from tools.bad_inputs import bad_input, pattern
 from tools.serve_process import serving
 
 pytestmark = pytest.mark.slow

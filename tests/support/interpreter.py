@@ -38,17 +38,22 @@ def compiled(test):
     return test
 
 
-def interpreter_runs() -> bool:
-    """Whether Triton 3.7 or newer is installed (pyproject's `interpreter` extra): the interpreters of 3.3 to 3.6
-    fail under numpy 2.4, and CUDA builds of torch before 2.12 pin one of them."""
+def triton_at_least(release: str) -> bool:
+    """Whether Triton `release` or newer is installed."""
     from importlib.metadata import PackageNotFoundError, version
 
     from packaging.version import Version
 
     try:
-        return Version(version("triton")) >= Version("3.7")
+        return Version(version("triton")) >= Version(release)
     except PackageNotFoundError:
         return False
+
+
+def interpreter_runs() -> bool:
+    """Whether Triton 3.7 or newer is installed (pyproject's `interpreter` extra): the interpreters of 3.3 to 3.6
+    fail under numpy 2.4, and CUDA builds of torch before 2.12 pin one of them."""
+    return triton_at_least("3.7")
 
 
 def cpu_flags() -> set[str]:

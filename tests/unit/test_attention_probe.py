@@ -1,5 +1,6 @@
 """tools/attention_probe.py: the ways a merged pass's attention could run in one call compute each request's
-attention (to within rounding: whether they keep its bits is what the probe measures on a device)."""
+attention (to within rounding: whether they keep its bits is what the probe measures on a device), in the packed
+form the backend's probe takes too."""
 
 from types import SimpleNamespace
 
@@ -43,7 +44,7 @@ def test_the_padded_call_is_each_requests_causal_attention(heads, kv_heads):
 
 
 def test_the_probe_records_each_way_with_its_verdicts_and_an_unavailable_kernel_as_an_error():
-    result = attention_probe.probe("cpu", torch.float32, 4, 2, 16, SHAPES, repeats=2)
+    result = attention_probe.probe("cpu", torch.float32, 4, 2, 16, SHAPES)
     assert result["per_request"]["ms"] > 0 and result["shapes"] == [list(s) for s in SHAPES]
     padded = result["sdpa_padded"]
     assert isinstance(padded["equals_alone"], bool) and isinstance(padded["batch_invariant"], bool)
@@ -52,7 +53,16 @@ def test_the_probe_records_each_way_with_its_verdicts_and_an_unavailable_kernel_
         assert result[way] == {"error": "NotImplementedError: FlashAttention's varlen kernel runs on CUDA only"}
 
 
-def test_same_is_bit_for_bit():
-    a = [torch.tensor([1.0, 2.0])]
-    assert attention_probe.same(a, [a[0].clone()])
-    assert not attention_probe.same(a, [a[0] + torch.finfo(torch.float32).eps * 2])
+def test_the_packed_form_is_the_list_form_request_by_request():
+    """`packed` hands a way each request's own tensors and packs its outputs back: the identity comes back whole."""
+    q, k, v, cu_q, cu_k, scale, _, _, _ = attention_probe.packed_inputs(SHAPES, 4, 2, 16, torch.empty(0))
+    seen = []
+
+    def way(shapes, queries, keys, values, scale):
+        seen.append(shapes)
+        assert [x.shape for x in queries] == [(1, 4, w, 16) for w, _ in shapes]
+        assert [x.shape for x in keys] == [(1, 2, w + n, 16) for w, n in shapes]
+        return [x[0].transpose(0, 1) for x in queries]
+
+    assert torch.equal(attention_probe.packed(way)(q, k, v, cu_q, cu_k, scale, None, 4, 44), q)
+    assert seen == [SHAPES]

@@ -11,6 +11,9 @@ TRITON_INTERPRET=1, and in any other `test_kernels_under_the_interpreter` runs t
 and fails with its report. `TRITON_INTERPRET=1 pytest -n 0 tests/unit/test_cuda_kernels.py` runs them directly.
 """
 
+import re
+from collections import Counter
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,6 +27,7 @@ from tests.support.interpreter import (
     matmul_moves_a_row,
     openblas_kernels,
     run_interpreted,
+    triton_at_least,
 )
 
 COUNTS = (1, 2, 3, 7, 16, 33, 64)  # rows (requests) in a call
@@ -163,9 +167,6 @@ def test_the_registered_ops_pass_torch_library_checks(kernels, op, args):
     torch.library.opcheck(getattr(torch.ops.adafuse, op).default, args(), test_utils=("test_schema", "test_faketensor"))
 
 
-LAUNCHED_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int32: "*i32"}
-
-
 def launches(kernels, monkeypatch, dtype) -> list:
     """(kernel, positional arguments, keyword arguments) of each launch the ops make, recorded, not run: linear with
     and without bias, both RMSNorm formulas, log-softmax, attention causal with a window and without a mask."""
@@ -195,23 +196,57 @@ def launches(kernels, monkeypatch, dtype) -> list:
     return made
 
 
+def launched_source(kernel, args: tuple, kwargs: dict, target):
+    """What `kernel[grid](*args, **kwargs)` compiles for `target`, bound as a launch binds it (Triton >= 3.7's
+    triton.runtime.jit): each argument's type and specialization from the tensor or number itself (a pointer's
+    16-byte alignment, an integer equal to 1 or divisible by 16: the `tt.divisibility` hints that let the compiler
+    vectorize loads), the constexprs, and the compile options. (ASTSource, its options.)"""
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    backend = make_backend(target)
+    bind = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = bind(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    return ASTSource(kernel, signature, constexprs, attrs), options
+
+
+def global_reads(ptx: str) -> Counter:
+    """The kernel's reads of global memory by instruction: `ld.global.b16` (one bfloat16 a thread), `ld.global.v4.b32`
+    (16 bytes), and asynchronous copies to shared memory with their bytes (`cp.async.cg.shared.global 0x10`)."""
+    reads = Counter()
+    for line in ptx.splitlines():
+        if found := re.search(r"\b(ld\.global[.\w]*|cp\.async\.\w+\.shared\.global)", line):
+            size = line.split(",")[2].strip() if found[1].startswith("cp.async") else ""
+            reads[f"{found[1]} {size}".strip()] += 1
+    return reads
+
+
 @compiled
 @pytest.mark.parametrize("dtype, capability", [(torch.bfloat16, 80), (torch.bfloat16, 90), (torch.float32, 90)])
-def test_the_kernels_compile_for_a100_and_h100(kernels, monkeypatch, dtype, capability):
-    """Triton's GPU compiler needs no GPU: each kernel, with the very arguments its op launches it with, compiles to
-    a cubin for the A100 (sm_80) or the H100 (sm_90), and in bfloat16 the linear layer and attention multiply on
-    tensor cores."""
+def test_the_kernels_compile_for_a100_and_h100(kernels, monkeypatch, require, dtype, capability):
+    """Triton's GPU compiler needs no GPU: each kernel, bound to the very arguments its op launches it with as a launch
+    binds them (the same specialization, alignment hints included, so the same kernel a GPU runs), compiles to a cubin
+    for the A100 (sm_80) or the H100 (sm_90). The hints took: every tensor argument is 16-byte aligned, and the linear
+    layer copies every element of its tiles to shared memory 16 bytes at a time (without the hints it loads one
+    element a thread, `ld.global.b16`, and makes no such copy); in bfloat16 the linear layer and attention multiply
+    on tensor cores."""
+    require(triton_at_least("3.7"), "Triton 3.7 or newer: the test binds arguments with its launch's own binder")
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
+    target = GPUTarget("cuda", capability, 32)
     for kernel, args, kwargs in launches(kernels, monkeypatch, dtype):
-        signature = {name: LAUNCHED_TYPES[value.dtype] if isinstance(value, torch.Tensor) else
-                     {int: "i32", float: "fp32"}[type(value)]
-                     for name, value in zip(kernel.arg_names, args)}  # fmt: skip
-        options = {name: kwargs.pop(name) for name in ("num_warps", "num_stages", "enable_fp_fusion")}
-        source = ASTSource(kernel, signature | dict.fromkeys(kwargs, "constexpr"), constexprs=kwargs)
-        ptx = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options).asm["ptx"]
+        source, options = launched_source(kernel, args, kwargs, target)
+        pointers = [i for i, arg in enumerate(args) if isinstance(arg, torch.Tensor)]
+        assert all(["tt.divisibility", 16] in source.attrs[(i,)] for i in pointers), (kernel, source.attrs)
+        compiled_kernel = triton.compile(source, target=target, options=options.__dict__)
+        assert compiled_kernel.asm["cubin"], kernel
+        ptx = compiled_kernel.asm["ptx"]
+        if kernel is kernels._linear_kernel:  # every element of x's and the weight's tiles, in every stage
+            tiles = (kernels.LINEAR_BLOCK_M + kernels.LINEAR_BLOCK_N) * kernels.LINEAR_BLOCK_K * dtype.itemsize
+            copies = kernels.LINEAR_STAGES * tiles // 16 // (32 * kernels.LINEAR_WARPS)  # per thread
+            assert global_reads(ptx)["cp.async.cg.shared.global 0x10"] == copies, global_reads(ptx)
         if kernel in (kernels._linear_kernel, kernels._attention_kernel) and dtype == torch.bfloat16:
             assert ".f32.bf16.bf16" in ptx  # mma.sync (sm_80) or wgmma (sm_90) on bfloat16, accumulating in float32
         if dtype == torch.float32:

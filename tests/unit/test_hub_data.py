@@ -20,8 +20,8 @@ from conf.schema import DataConf
 from eval.data import Sources, read_hub
 from eval.hub import hub_commit
 from eval.tasks import Task
+from tests.support.bad_inputs import bad_input, pattern
 from tests.support.hub_shapes import build
-from tools.bad_inputs import bad_input, pattern
 
 LOAD_DATASET = datasets.load_dataset
 

@@ -81,7 +81,7 @@ def test_no_engine_module_imports_one_that_imports_it_back():
 
 
 def test_no_tool_imports_one_that_imports_it_back():
-    """Nor do the tools': what two share lives in a third (tools/gpu_record.py for the GPU checks)."""
+    """Nor do the tools': what two share lives in a third."""
     cycle = import_cycle("tools")
     assert cycle is None, " -> ".join(cycle)
 

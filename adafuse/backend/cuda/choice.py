@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.utils.benchmark import Timer
 
 from adafuse.backend.cuda import available, kernels, layers
 from adafuse.backend.probe_store import ProbeStore, Verdicts
@@ -205,27 +206,60 @@ def probe_rows(count: int, width: int, like: torch.Tensor, seed: int = 0) -> tor
     return (x * torch.exp2(scale.float())).to(like.dtype)
 
 
-def rows_keep_bits(op, width: int, like: torch.Tensor) -> bool:
-    """Does `op` (rows, width) -> (rows, ...) give its first and its last row the bits each gets alone, among every
-    count of ROWS rows?"""
-    counts = ROWS.get(like.device.type, ROWS["cpu"])
+@dataclass(frozen=True)
+class Alone:
+    """What a probe found of one op: the counts of rows (requests) in one call at which the first or the last (for
+    attention also a middle one) got other bits than alone, and one call's milliseconds at each timed count."""
+
+    differs_at: list[int]
+    ms: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def keeps_bits(self) -> bool:
+        return not self.differs_at
+
+
+def rows_alone(op, width: int, like: torch.Tensor, counts=None, timed=(), first=False) -> Alone:
+    """Does `op` (rows, width) -> (rows, ...) give its first and its last row the bits each gets alone, among each
+    of `counts` rows (default: ROWS on `like`'s device)? `first`: stop at the first count where not; `timed`: the
+    counts to time one call at (`milliseconds`)."""
+    counts = counts or ROWS.get(like.device.type, ROWS["cpu"])
+    differs = []
     with torch.inference_mode():
-        x = probe_rows(max(counts), width, like)
+        x = probe_rows(max((*counts, *timed)), width, like)
         alone = {i: op(x[i : i + 1]) for i in sorted({0, *(n - 1 for n in counts)})}
         for n in counts:
             out = op(x[:n])
-            for i in (0, n - 1):
-                if not torch.equal(out[i : i + 1], alone[i]):
-                    return False
-    return True
+            if not all(torch.equal(out[i : i + 1], alone[i]) for i in (0, n - 1)):
+                differs.append(n)
+                if first:
+                    break
+        return Alone(differs, {n: milliseconds(lambda n=n: op(x[:n])) for n in timed})
 
 
-def requests_keep_bits(attention, heads: int, kv_heads: int, head_dim: int, like: torch.Tensor) -> bool:
+def rows_keep_bits(op, width: int, like: torch.Tensor) -> bool:
+    """Does `op` keep its rows' bits among every count of ROWS rows (`rows_alone`)?"""
+    return rows_alone(op, width, like, first=True).keeps_bits
+
+
+def requests_alone(
+    attention,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    like: torch.Tensor,
+    counts=REQUESTS,
+    timed=(),
+    first=False,
+    shapes=None,
+) -> Alone:
     """Does `attention(q, k, v, cu_q, cu_k, scale, window, max_q, max_k)` give a request the bits it gets alone,
-    among 1 to 16 requests of other lengths (a step of one query, a prompt's tail, rows of a fork, after up to
-    CACHED_KEYS keys), first, in the middle and last?"""
+    first, in the middle and last among each of `counts` requests of other lengths? `shapes`: each request's
+    (queries, cached keys), default a mix of a step of one query, a prompt's tail and rows of a fork after up to
+    CACHED_KEYS keys. `first` and `timed` as in `rows_alone`."""
     longest = CACHED_KEYS.get(like.device.type, CACHED_KEYS["cpu"])
-    shapes = [(1 + (7 * i) % 9, 3 + (13 * i * longest // 60) % longest) for i in range(max(REQUESTS))]  # (q, cached)
+    most = max((*counts, *timed))
+    shapes = shapes or [(1 + (7 * i) % 9, 3 + (13 * i * longest // 60) % longest) for i in range(most)]
     generator = torch.Generator(device=like.device).manual_seed(1)
 
     def draw(n: int, h: int) -> torch.Tensor:
@@ -234,22 +268,40 @@ def requests_keep_bits(attention, heads: int, kv_heads: int, head_dim: int, like
     parts = [(draw(q, heads), draw(q + c, kv_heads), draw(q + c, kv_heads)) for q, c in shapes]
     scale = head_dim**-0.5
 
-    def call(which: list[int]) -> list[torch.Tensor]:
+    def packed(which: list[int]) -> tuple[tuple, list[int]]:
+        """The requests `which`, packed end to end: attention's arguments, and each request's queries."""
         qs, ks, vs = zip(*(parts[i] for i in which))
         cu_q = torch.tensor([0, *[len(q) for q in qs]], device=like.device).cumsum(0).to(torch.int32)
         cu_k = torch.tensor([0, *[len(k) for k in ks]], device=like.device).cumsum(0).to(torch.int32)
-        max_q, max_k = max(len(q) for q in qs), max(len(k) for k in ks)
-        out = attention(torch.cat(qs), torch.cat(ks), torch.cat(vs), cu_q, cu_k, scale, None, max_q, max_k)
-        return list(out.split([len(q) for q in qs]))
+        widths = [len(q) for q in qs]
+        q, k, v = torch.cat(qs), torch.cat(ks), torch.cat(vs)
+        return (q, k, v, cu_q, cu_k, scale, None, max(widths), max(map(len, ks))), widths
 
+    def call(which: list[int]) -> list[torch.Tensor]:
+        args, widths = packed(which)
+        return list(attention(*args).split(widths))
+
+    differs = []
     with torch.inference_mode():
-        alone = [call([i])[0] for i in range(max(REQUESTS))]
-        for n in REQUESTS:
+        alone = [call([i])[0] for i in range(max(counts))]
+        for n in counts:
             together = call(list(range(n)))
-            for i in sorted({0, n // 2, n - 1}):
-                if not torch.equal(together[i], alone[i]):
-                    return False
-    return True
+            if not all(torch.equal(together[i], alone[i]) for i in {0, n // 2, n - 1}):
+                differs.append(n)
+                if first:
+                    break
+        calls = {n: packed(list(range(n)))[0] for n in timed}
+        return Alone(differs, {n: milliseconds(lambda args=args: attention(*args)) for n, args in calls.items()})
+
+
+def requests_keep_bits(attention, heads: int, kv_heads: int, head_dim: int, like: torch.Tensor) -> bool:
+    """Does `attention` keep a request's bits among every count of REQUESTS requests (`requests_alone`)?"""
+    return requests_alone(attention, heads, kv_heads, head_dim, like, first=True).keeps_bits
+
+
+def milliseconds(call) -> float:
+    """One `call()`'s median milliseconds (torch.utils.benchmark: repeated for 0.1 s, the GPU synchronised)."""
+    return Timer("call()", globals={"call": call}).blocked_autorange(min_run_time=0.1).median * 1000
 
 
 def kernel_attention(q, k, v, cu_q, cu_k, scale, window, max_q, max_k):
