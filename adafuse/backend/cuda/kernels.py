@@ -48,7 +48,7 @@ What is verified where:
   interpreter's numpy matmul says nothing about an MMA's order within a tile), which the backend probes at start
   for each op at the model's shapes (adafuse/backend/cuda/choice.py `decide`: a row alone against the same row
   among others, inputs whose sums round differently in another order), and their speed, which the full GPU check
-  measures (`python -m tools.gpu_check --full`, with the same probes at the paper pair's shapes).
+  measures (`python -m tools.gpu_check`, with the same probes at the paper pair's shapes).
 
 Caveats: float32, bfloat16 and float16 only; linear's x, weight and bias of one dtype, and attention's q, k and v
 (RMSNorm's weight may be of another: it is read as float32); outputs in x's (q's) dtype. Rows are read with their
