@@ -187,14 +187,14 @@ class Ensemble:
     ) -> "DecodeStream":
         """Decode (key, prompt or Request) items with `batch_size` examples in flight (adafuse/engine/loop.py);
         iterating yields (key, Generation) as each finishes. With `exact` (the default) every forward pass
-        has the bits it has in `decode`, and so every output (adafuse/backend/tiles.py); without, up to
+        has the bits it has in `decode`, and so every output (adafuse/backend/cpu/tiles.py); without, up to
         rounding. `side_by_side=False` runs one model's passes after the other's on the CPU, each on every
         core (the same outputs). Request settings given as keywords apply to every item that is a plain
         prompt. `executor` and `scheduler` (adafuse/engine/) replace the default ones (a memory budget per pass:
         `Scheduler(memory_budget=...)`)."""
         options, settings = _split_request_fields(options)
         spec, cfg = resolve_method(method, options)
-        executor = executor or Executor(exact=exact, side_by_side=side_by_side)
+        executor = executor or Executor(exact, cpu_options(side_by_side))
         return self._stream(items, spec, cfg, settings, batch_size, executor, scheduler)
 
     def _stream(
@@ -216,14 +216,14 @@ class Ensemble:
         def one(members, job: Job | ScoreJob) -> Program:
             return _failure_as_result(job.program(members))
 
-        return Engine(self.members, one, batch_size, Executor(exact=exact, side_by_side=side_by_side))
+        return Engine(self.members, one, batch_size, Executor(exact, cpu_options(side_by_side)))
 
     def decode_batch(self, prompts: list[str | Request], *, method="adafuse", **kwargs) -> list[Generation]:
         """`decode` for many prompts, batched across examples; results in the order of `prompts`. Every prompt
         is checked to fit before any is decoded."""
         batch_size = kwargs.pop("batch_size", DEFAULT_BATCH_SIZE)
         exact, side_by_side = kwargs.pop("exact", True), kwargs.pop("side_by_side", True)
-        executor = kwargs.pop("executor", None) or Executor(exact=exact, side_by_side=side_by_side)
+        executor = kwargs.pop("executor", None) or Executor(exact, cpu_options(side_by_side))
         scheduler = kwargs.pop("scheduler", None)
         options, settings = _split_request_fields(kwargs)
         spec, cfg = resolve_method(method, options)
@@ -265,6 +265,14 @@ class DecodeStream:
         """Per model name: how its passes ran, their counts and its KV bytes (adafuse/engine/loop.py
         `Engine.report`)."""
         return self._engine.report()
+
+
+def cpu_options(side_by_side: bool) -> dict:
+    """The CPU backend's options (adafuse/backend/cpu/backend.py) for a caller's `side_by_side`: whether different
+    models' passes of a step run at once, and torch's thread count for the passes, the calling thread's (a thread
+    started later, as a server's engine thread, starts with the process's default, and a kernel's bits may depend
+    on it). No other backend reads them."""
+    return {"cpu": {"side_by_side": side_by_side, "threads": torch.get_num_threads()}}
 
 
 def _fitting(members: list[Member], spec, cfg, request: Request) -> Request:

@@ -25,7 +25,7 @@
    (`simple_evaluate` with our `adafuse` model and the task eval/lm_tasks.py writes) and as the runner
    decodes them (`Ensemble.decode_stream`), at the same batch size, alternating which goes first: wall
    time of each, the ratio (goal <= 1.10), and identical texts.
-7. `--only exact`: what exact batching costs (adafuse/backend/tiles.py): AdaFuse on the same 48 prompts of
+7. `--only exact`: what exact batching costs (adafuse/backend/cpu/tiles.py): AdaFuse on the same 48 prompts of
    one task (`--batching-task`, default NQ; `--limit` fewer) exact at batch 8, not exact at batch 8 and
    exact at batch 1, in one run: the three throughputs and whether the outputs are identical.
 8. `--only default_run`: the user's measure of the ensemble's cost. `python run.py` with every default
@@ -77,7 +77,7 @@ import torch.nn.functional as F
 from adafuse import AdaFuseConfig, Ensemble
 from adafuse.backend import backend_for
 from adafuse.backend.cpu.projection import BLOCK_ROWS
-from adafuse.backend.tiles import pad_to_tiles
+from adafuse.backend.cpu.tiles import pad_to_tiles
 from adafuse.engine.executor import Executor
 from adafuse.engine.loop import decode_many, drive
 from adafuse.ensemble import resolve_method
@@ -274,7 +274,7 @@ def decode_suite(
     ens: Ensemble, cases: list, method: str, options: dict, batch_size: int, exact: bool = True
 ) -> tuple[list, dict]:
     """Decode every case (a Request) with `batch_size` in flight, merged passes `exact` or not
-    (adafuse/backend/tiles.py): (texts in case order, figures)."""
+    (adafuse/backend/cpu/tiles.py): (texts in case order, figures)."""
     spec, cfg = resolve_method(method, options)
 
     def one(members, i):
@@ -411,7 +411,7 @@ def compare_exact_batching(ens: Ensemble, data_dir: Path, task: str, limit: int)
     budget = {t: b for t, _, b in SUITE}[task]
     cases = task_requests(task, limit, data_dir, budget)
     # warm-up, not timed: the prompt store reads the task's few-shot prefix, and the row tiles
-    # (adafuse/backend/tiles.py) probe the row counts that merged passes of 8 examples reach
+    # (adafuse/backend/cpu/tiles.py) probe the row counts that merged passes of 8 examples reach
     decode_suite(ens, [replace(r, max_new_tokens=4) for r in cases[:8]], "adafuse", {}, 8)
     runs = {"exact_batch_8": (8, True), "not_exact_batch_8": (8, False), "exact_batch_1": (1, True)}
     figures, texts = {}, {}
@@ -576,7 +576,7 @@ def compare_projection(ens: Ensemble, repeats: int) -> dict:
 
 def one_multiply_in_tiles(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """The canonical logits the blocked projection must give: one F.linear over the whole matrix, the rows
-    padded to the blocks' row tiles (adafuse/backend/tiles.py), as tests/engine/test_projection.py checks."""
+    padded to the blocks' row tiles (adafuse/backend/cpu/tiles.py), as tests/engine/test_projection.py checks."""
     bias = None if head.bias is None else head.bias[:BLOCK_ROWS]
     padded = pad_to_tiles(backend_for(head.weight.device).probes, x, head.weight[:BLOCK_ROWS], bias)
     return F.linear(padded, head.weight, head.bias)[: x.shape[0]]

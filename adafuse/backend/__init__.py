@@ -12,23 +12,25 @@ A pass is of one of four kinds (adafuse/backend/interface.py): PREFIX, a prompt'
 from nothing; ALONE, one read to weights whose attention cannot be split; MERGED, one or more reads to the same weights
 in one packed pass, each computed exactly as alone (adafuse/backend/split_pass.py).
 
-Backends (`backend_for`): `CpuExactBackend` (adafuse/backend/cpu/) on the CPU; `CudaBackend`
-(adafuse/backend/cuda/) on a GPU: each layer in one call, with batch-invariant kernels of its own where the GPU's
-do not keep a row's bits, and said so where neither does; `ExactBackend` (adafuse/backend/exact.py) elsewhere: the
-CPU's row tiles and per-request attention, one pass after another.
+Backends are found by device type through the packaging entry-point group `adafuse.backends` (pyproject.toml), as
+methods are: `cpu` (adafuse/backend/cpu/: row tiles, per-request attention, what pays on a CPU), `cuda`
+(adafuse/backend/cuda/: each layer in one call, with batch-invariant kernels of its own where the GPU's do not keep
+a row's bits, and said so where neither does), and `exact` for any other device type (adafuse/backend/cpu/exact.py:
+row tiles and per-request attention, one pass after another). A package of your own can add one; each backend is
+a folder of its own and owns its part of a pass's forward context (adafuse/backend/forward.py `own`).
 """
 
 import threading
 
 import torch
 
-from adafuse.backend.cpu import CpuExactBackend
-from adafuse.backend.exact import ExactBackend
 from adafuse.backend.interface import ALONE, MERGED, PREFIX, PROMPT, Backend, Execution, Pass, Prepared, Ran, Read
 from adafuse.backend.transformers_check import MIN_TRANSFORMERS, check_model, check_transformers
+from adafuse.registry import Registry
 
 __all__ = [
     "ALONE",
+    "BACKENDS",
     "MERGED",
     "MIN_TRANSFORMERS",
     "PREFIX",
@@ -44,21 +46,18 @@ __all__ = [
     "check_transformers",
 ]
 
-_BACKENDS: dict[str, Backend] = {}
-_BACKENDS_LOCK = threading.Lock()
+# device type -> a backend class, made as `cls(device_type)`; "exact" serves a device type with none of its own
+BACKENDS = Registry("backend", entry_points="adafuse.backends")
+FALLBACK = "exact"
+
+_MADE: dict[str, Backend] = {}
+_MADE_LOCK = threading.Lock()
 
 
 def backend_for(device: torch.device | str) -> Backend:
-    """This process's backend for the device's type, made on first use."""
-    key = torch.device(device).type
-    with _BACKENDS_LOCK:
-        if key not in _BACKENDS:
-            if key == "cpu":
-                _BACKENDS[key] = CpuExactBackend()
-            elif key == "cuda":
-                from adafuse.backend.cuda.backend import CudaBackend  # imports triton (through its kernels): late
-
-                _BACKENDS[key] = CudaBackend()
-            else:
-                _BACKENDS[key] = ExactBackend(key)
-        return _BACKENDS[key]
+    """This process's backend for the device's type (`BACKENDS`), made on first use."""
+    kind = torch.device(device).type
+    with _MADE_LOCK:
+        if kind not in _MADE:
+            _MADE[kind] = BACKENDS[kind if kind in BACKENDS else FALLBACK](kind)
+        return _MADE[kind]

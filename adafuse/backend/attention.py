@@ -2,13 +2,13 @@
 
 A merged pass (adafuse/backend/split_pass.py) is one packed row of every request's real positions. The linear
 layers, norms and the rest compute each position on its own; attention must not mix requests. So the model's
-attention implementation is wrapped (`split_attention`, registered in transformers' attention registry): in a
+attention implementation is wrapped (`wrapped_attention`, registered in transformers' attention registry): in a
 packed pass (the forward context's `split`, adafuse/backend/forward.py) it runs once per request, on that
 request's positions laid out again as its pass alone lays them out (`unpack`: its rows and width, zeros at its
 own right padding), against the keys and values of its own cache, which grows exactly as in its pass alone
 (`SplitLayer`), with the mask the pass alone would build (transformers' own mask functions, `AloneMasks`), by
 the model's own attention function; the output goes back to the packed row (`pack`). Outside a packed pass the
-wrapper calls the original unchanged.
+wrapper calls the original unchanged. (adafuse/backend/install.py routes a model's attention through it.)
 
 On this CPU one attention call over all requests (padded) keeps no request's bits (tools/attention_probe.py);
 a backend that has one that does may route a packed pass through it instead.
@@ -66,21 +66,18 @@ class SplitPass:
     one_call_layout: Any = None  # what `one_call` derives from `spans` once and reads in every layer
 
 
-def split_attention(model) -> bool:
-    """Route the model's attention through the per-request wrapper (idempotent); False if its
-    implementation is not a registered attention function that can be wrapped (e.g. "eager")."""
-    name = model.config._attn_implementation
-    if name.startswith(PREFIX):
-        return True
+def wrapped_attention(name: str) -> str | None:
+    """The name of the per-request wrapper around the registered attention function `name`, registered in
+    transformers' attention and mask registries on first use (adafuse/backend/install.py routes a model through
+    it); None if `name` is not a registered function that can be wrapped (e.g. "eager")."""
     original = ALL_ATTENTION_FUNCTIONS.get(name) if name in ALL_ATTENTION_FUNCTIONS else None
     if original is None or name not in ALL_MASK_ATTENTION_FUNCTIONS:
-        return False
+        return None
     wrapped = PREFIX + name
     if wrapped not in ALL_ATTENTION_FUNCTIONS:
         AttentionInterface.register(wrapped, _attention(original))
         AttentionMaskInterface.register(wrapped, ALL_MASK_ATTENTION_FUNCTIONS[name])  # the same masks as alone
-    model.set_attn_implementation(wrapped)
-    return True
+    return wrapped
 
 
 def _attention(original):

@@ -1,15 +1,17 @@
 """What one forward pass needs from the layers the backend changed, set in one place (vLLM's forward context).
 
-A backend changes a model in a few places (adafuse/backend/tiles.py: linear layers in row tiles;
-adafuse/backend/attention.py: attention per request in a packed pass; adafuse/backend/live.py: only the
-positions a pass reads; adafuse/backend/cpu/: the cores a thread may use). None of those layers keeps state of
-its own between passes: each reads the `ForwardContext` of the pass it runs in, which the backend sets around
-the model call (`forward_context`) and nowhere else.
+A backend changes a model in a few places (adafuse/backend/install.py): its layers run as the pass asks, attention
+per request in a packed pass (adafuse/backend/attention.py), only the positions a pass reads
+(adafuse/backend/live.py). None of those layers keeps state of its own between passes: each reads the
+`ForwardContext` of the pass it runs in, which the backend sets around the model call (`forward_context`) and
+nowhere else. What every backend's passes share is a field here (`live`, `split`); what one backend's layers read
+is that backend's own (`own`: the CPU's `CpuPass`, adafuse/backend/cpu/tiles.py; the CUDA backend's `Ops`,
+adafuse/backend/cuda/choice.py), which no other part reads.
 
 The context is per thread (a `ContextVar`): on the CPU two models' passes run at once on threads of their own,
 each in its own context. Outside any pass (transformers' `generate()` over a member's model, the oracles'
-passes), layers see `OUTSIDE`: row tiles on, everything else off, so such a pass computes every position as
-the engine's pass alone does.
+passes), layers see `OUTSIDE` (`own` None), and each backend's layers then compute every position as the engine's
+pass alone does.
 """
 
 import contextlib
@@ -20,11 +22,9 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ForwardContext:
-    tiles: bool = True  # linear layers multiply in row tiles (batch-invariant); False: the stock kernels, one call
     live: Any = None  # adafuse.backend.live.LivePositions: the positions whose rows are multiplied, and logits made
     split: Any = None  # adafuse.backend.attention.SplitPass: a packed pass whose attention runs per request
-    share: Any = None  # adafuse.backend.cpu.cores.CoreShare: the threads this thread shares the cores with
-    ops: Any = None  # adafuse.backend.cuda.choice.Ops: which kernels the CUDA backend's layers use in this pass
+    own: Any = None  # the backend's own settings for this pass, which its layers read (module docstring)
 
 
 OUTSIDE = ForwardContext()

@@ -2,7 +2,9 @@
 backend that runs them."""
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -61,18 +63,11 @@ class Pass:
 @dataclass(frozen=True)
 class Execution:
     """How a caller wants its passes run. `exact`: every read has the bits of its pass alone; else the stock
-    kernels, up to rounding. `side_by_side`: different models' passes may run at once where the backend can
-    (the same results either way). `threads`: torch's thread count for the passes, that of the thread that set
-    up the caller (a kernel's bits may depend on it, and a thread started later, as a server's engine thread,
-    starts with the process's default)."""
+    kernels, up to rounding. `options`: each backend's own settings, by device type (the CPU's:
+    adafuse/backend/cpu/backend.py), which no other backend reads."""
 
     exact: bool = True
-    side_by_side: bool = True
-    threads: int | None = None
-
-    @classmethod
-    def here(cls, exact: bool = True, side_by_side: bool = True) -> "Execution":
-        return cls(exact, side_by_side, torch.get_num_threads())
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

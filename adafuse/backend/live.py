@@ -8,7 +8,7 @@ after it), and the vocabulary projection makes logits for the real positions alo
 pass (adafuse/backend/split_pass.py) has no padding; its projection makes logits where the pass reads them
 (a prompt's last position alone). Which positions are live is part of the pass's forward context
 (adafuse/backend/forward.py); a row's bits are the same either way, as every multiply computes a row as in
-its tile (adafuse/backend/tiles.py).
+its tile (adafuse/backend/cpu/tiles.py).
 """
 
 from dataclasses import dataclass

@@ -1,5 +1,5 @@
 """Kernel probe verdicts kept on disk, so that a process does not probe again what a process in the same
-environment has already probed (adafuse/backend/tiles.py: row tiles, one-call and fewer-thread probes).
+environment has already probed (adafuse/backend/cpu/tiles.py: row tiles, one-call and fewer-thread probes).
 
 A verdict is a fact about the kernel libraries and the processor, not about any model's weights: whether a
 multiply of this shape, dtype, layout, row count and thread count sums in the same order as another. So it

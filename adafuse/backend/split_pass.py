@@ -4,7 +4,7 @@ exactly as in its pass alone (adafuse/engine/scheduler.py decides which requests
 The pass is one packed row of every read's real positions, request after request, row after row: no padding
 reaches a norm, an activation or a multiply, and position ids are each row's own, so every row sees exactly
 its own context. Linear layers multiply the whole packed row at once (in row tiles, where the pass is exact:
-adafuse/backend/tiles.py); attention runs per request over the request's own cache, which grows as alone
+adafuse/backend/cpu/tiles.py); attention runs per request over the request's own cache, which grows as alone
 (adafuse/backend/attention.py); the vocabulary projection makes logits only where a read asks for them
 (adafuse/backend/live.py). No merged cache is built.
 """

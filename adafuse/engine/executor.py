@@ -33,11 +33,11 @@ class PassCounts:
 
 class Executor:
     """Runs each step's plan and counts the passes per model. `exact` (the default): every request's numbers
-    are those of its pass alone; `side_by_side`: on the CPU, different models' passes of a step run at once (the
-    same results either way)."""
+    are those of its pass alone; `options`: each backend's own settings, by device type (adafuse/backend/
+    interface.py `Execution`)."""
 
-    def __init__(self, exact: bool = True, side_by_side: bool = True):
-        self.how = Execution.here(exact, side_by_side)
+    def __init__(self, exact: bool = True, options: dict | None = None):
+        self.how = Execution(exact, options or {})
         self.counts: dict[str, PassCounts] = {}  # per model name, in the order models first ran
         self.ways: dict[str, dict[str, str]] = {}  # per model name: how its backend runs its passes (`_way`)
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from adafuse import AdaFuseConfig
-from adafuse.backend.tiles import tile_rows
+from adafuse.backend.cpu.tiles import tile_rows
 from adafuse.engine.loop import drive
 from adafuse.member.cache import PromptStore, view_cache
 from adafuse.text.align import common_prefix

@@ -10,10 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adafuse.backend import backend_for, tiles
-from adafuse.backend.cpu import CpuExactBackend
+from adafuse.backend import backend_for
+from adafuse.backend.cpu import tiles
+from adafuse.backend.cpu.backend import CpuBackend
 from adafuse.backend.cpu.cores import CoreShare
 from adafuse.engine.executor import Executor
+from adafuse.ensemble import cpu_options
 
 CORES = backend_for(torch.device("cpu")).cores
 PROBES = backend_for(torch.device("cpu")).probes
@@ -113,18 +115,18 @@ def test_passes_one_model_after_the_other_never_overlap_use_every_core_and_keep_
     tiny.decode_batch(PROMPTS, max_new_tokens=1, batch_size=3)  # both runs below then read the prompts alike
     side_by_side = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=4, trace=True, batch_size=3)
     spans, threads = [], []
-    run_pass, names = CpuExactBackend.run, {id(m.model): m.name for m in tiny.members}
+    run_pass, names = CpuBackend.run, {id(m.model): m.name for m in tiny.members}
 
     def recording(self, p, context):
         start = time.perf_counter()
-        threads.append(CORES.blas_threads(context.share))
+        threads.append(CORES.blas_threads(context.own.share))
         try:
             return run_pass(self, p, context)
         finally:
             spans.append((names[id(p.model.model)], start, time.perf_counter()))
 
-    monkeypatch.setattr(CpuExactBackend, "run", recording)
-    executor = Executor(side_by_side=False)
+    monkeypatch.setattr(CpuBackend, "run", recording)
+    executor = Executor(options=cpu_options(side_by_side=False))
     one_after = tiny.decode_batch(PROMPTS, stop=["\n"], max_new_tokens=4, trace=True, batch_size=3, executor=executor)
     assert set(threads) == {None}
     spans.sort(key=lambda span: span[1])

@@ -71,7 +71,7 @@ def models(request):
 
 
 def run(backend, kind: str, model, reads: list[Read], exact: bool = True) -> list:
-    (ran,) = backend.execute([Pass(kind, model, tuple(reads))], Execution.here(exact, side_by_side=False))
+    (ran,) = backend.execute([Pass(kind, model, tuple(reads))], Execution(exact))
     return ran.results
 
 
@@ -165,7 +165,7 @@ def test_a_step_reads_no_value_back_while_it_launches_and_returns_its_results_on
     caches, inputs = mixed_reads(backend, model)
     reads = [Read(c, x, n, logprobs=True) for c, (x, n) in zip(caches, inputs)]
     with HostReads() as reads_back:
-        (ran,) = backend.execute([Pass(MERGED, model, tuple(reads))], Execution.here())
+        (ran,) = backend.execute([Pass(MERGED, model, tuple(reads))], Execution())
     assert reads_back.calls == []
     assert all(r.device.type == "cpu" for r in ran.results) and ran.seconds > 0
 

@@ -1,5 +1,5 @@
 """Batch size never changes an output: a merged pass computes every request exactly as it would be computed alone
-(adafuse/backend/tiles.py, adafuse/backend/split_pass.py), bit for bit, in bfloat16 (the dtype the paper's configs
+(adafuse/backend/cpu/tiles.py, adafuse/backend/split_pass.py), bit for bit, in bfloat16 (the dtype the paper's configs
 load) and float32, on the paper's pair in shape, with one multiply per linear layer whatever the number of requests
 (row tiles); and `single` at batch size 8 equals batch size 1 and transformers' own generate()."""
 
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from adafuse import Ensemble, Request, SingleConfig
-from adafuse.backend.tiles import kernel_key, probe_input, tile_rows
+from adafuse.backend.cpu.tiles import kernel_key, probe_input, tile_rows
 from adafuse.config import ModelConfig
 from adafuse.engine.executor import Executor
 from adafuse.engine.loop import decode_many, drive

@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from adafuse.backend import backend_for
 from adafuse.backend.cpu import projection
 from adafuse.backend.cpu.projection import BLOCK_ROWS, MIN_HIDDEN, BlockedHead, block_output_projection
-from adafuse.backend.tiles import pad_to_tiles
+from adafuse.backend.cpu.tiles import pad_to_tiles
 from adafuse.member.member import Member
 
 PROBES = backend_for(torch.device("cpu")).probes
@@ -59,7 +59,7 @@ class BlockCount:
 @pytest.mark.parametrize("index", [0, 1], ids=["smollm2", "gemma3"])
 def test_the_blocked_projection_gives_the_bits_of_one_multiply(tiny, index):
     """For every number of rows, one included: the bits of one F.linear over the whole matrix with the
-    same rows, padded to the blocks' row tiles (adafuse/backend/tiles.py), and blocks every time, shared
+    same rows, padded to the blocks' row tiles (adafuse/backend/cpu/tiles.py), and blocks every time, shared
     with a kept thread where a core is free."""
     head = tiny.members[index].model.get_output_embeddings()
     vocab, hidden = head.weight.shape
@@ -68,7 +68,7 @@ def test_the_blocked_projection_gives_the_bits_of_one_multiply(tiny, index):
     threads = set()  # the threads that multiplied blocks
     for shape in [(1, 1), (1, 2), (3, 1), (1, 5), (2, 4), (1, 33), (4, 32), (1, 129)]:
         x = torch.randn(*shape, hidden, generator=generator)
-        head(x)  # the first multiply of a row count probes its tiles (adafuse/backend/tiles.py)
+        head(x)  # the first multiply of a row count probes its tiles (adafuse/backend/cpu/tiles.py)
         with BlockCount(vocab) as count:
             got = head(x)
         rows = shape[0] * shape[1]
@@ -110,9 +110,9 @@ class HeadOnly(torch.nn.Module):
 )
 def test_only_wide_float32_heads_are_blocked(dtype, hidden, blocked):
     model = HeadOnly(torch.nn.Linear(hidden, 2 * BLOCK_ROWS + 3, bias=False, dtype=dtype))
-    assert block_output_projection(model) == blocked == isinstance(model.lm_head, BlockedHead)
+    assert block_output_projection(model, PROBES) == blocked == isinstance(model.lm_head, BlockedHead)
     x = torch.randn(3, hidden, dtype=dtype, generator=torch.Generator().manual_seed(3))
-    model.lm_head(x)  # the first multiply of a row count probes its tiles (adafuse/backend/tiles.py)
+    model.lm_head(x)  # the first multiply of a row count probes its tiles (adafuse/backend/cpu/tiles.py)
     with BlockCount(model.lm_head.out_features) as count:
         got = model.lm_head(x)
     assert (count.blocks, count.whole) == ((2, 0) if blocked else (0, 1))
@@ -132,6 +132,6 @@ def test_a_model_off_the_cpu_keeps_its_head(smol):
     config = AutoConfig.from_pretrained(smol.model.name_or_path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    assert not block_output_projection(model)
+    assert not block_output_projection(model, PROBES)
     Member("meta", smol.tokenisation.tokenizer, model)  # nor does a member of it
     assert type(model.get_output_embeddings()) is torch.nn.Linear

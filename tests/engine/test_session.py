@@ -6,10 +6,10 @@ import threading
 import pytest
 import torch
 
-from adafuse.backend.cpu import CpuExactBackend
+from adafuse.backend.cpu.backend import CpuBackend
 from adafuse.engine.executor import Executor
 from adafuse.engine.loop import drive
-from adafuse.ensemble import resolve_method
+from adafuse.ensemble import cpu_options, resolve_method
 from adafuse.methods.session import Request, Session
 
 
@@ -59,13 +59,13 @@ def test_unbatched_members_read_in_the_same_step_and_their_passes_run_side_by_si
     score of the trace) is the one of running every pass on the engine's thread."""
     prompt = "Question: What is the capital of France?\nAnswer:"
     threads = {m.name: set() for m in tiny.members}
-    names, run = {id(m.model): m.name for m in tiny.members}, CpuExactBackend.run
+    names, run = {id(m.model): m.name for m in tiny.members}, CpuBackend.run
 
     def spy(self, p, context):
         threads[names[id(p.model.model)]].add(threading.get_ident())
         return run(self, p, context)
 
-    monkeypatch.setattr(CpuExactBackend, "run", spy)
+    monkeypatch.setattr(CpuBackend, "run", spy)
     tiny.decode(prompt, max_new_tokens=1)  # both runs below then find the prompt stored, and read its last token
     spec, cfg = resolve_method("adafuse", {})
     request = Request(prompt, ("\n",), 8, trace=True)
@@ -73,7 +73,7 @@ def test_unbatched_members_read_in_the_same_step_and_their_passes_run_side_by_si
     smol_threads, gemma_threads = threads.values()
     if torch.get_num_threads() > 1:  # the first model's passes run on the engine's thread, the other's beside
         assert smol_threads == {threading.get_ident()} and gemma_threads - {threading.get_ident()}
-    one_thread = drive(spec.generate(tiny.members, request, cfg), Executor(side_by_side=False))
+    one_thread = drive(spec.generate(tiny.members, request, cfg), Executor(options=cpu_options(side_by_side=False)))
     assert (side_by_side.text, side_by_side.ids) == (one_thread.text, one_thread.ids)
     assert [[c.scores for c in r.candidates] for r in side_by_side.trace.rounds] == [
         [c.scores for c in r.candidates] for r in one_thread.trace.rounds

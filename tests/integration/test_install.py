@@ -28,6 +28,8 @@ assert model_config("smollm2_135m").bundle == "smollm2_135m"
 assert model_config("llama31_8b_instruct").path == "meta-llama/Llama-3.1-8B-Instruct"
 assert {"adafuse", "single", "unite", "deepen", "sweetspan", "llm_blender"} <= set(METHODS)
 assert METHODS["sweetspan"].config.__module__ == "baselines.sweetspan"
+from adafuse.backend import BACKENDS
+assert {"cpu", "cuda", "exact"} <= set(BACKENDS)
 assert (Path(MODEL_CONFIGS).parent / "config.yaml").is_file()
 import serve.app  # the server ships too (its extra's packages come from the venv below)
 assert Path(serve.app.__file__).resolve().is_relative_to(site), serve.app.__file__

@@ -27,7 +27,7 @@ def pass_alone(member: Member, cache, input_ids: torch.Tensor, last_only=False, 
         kind = PROMPT
     else:
         kind = MERGED if member.runner.splits_attention else ALONE
-    (ran,) = member.runner.backend.execute([Pass(kind, member.runner.prepared, (read,))], Execution.here(exact))
+    (ran,) = member.runner.backend.execute([Pass(kind, member.runner.prepared, (read,))], Execution(exact))
     return ran.results[0]
 
 
@@ -37,7 +37,7 @@ def pass_merged(member: Member, caches: list, inputs: list, lengths=None, last_o
     lengths = lengths or [None] * len(inputs)
     last_only = last_only or [False] * len(inputs)
     reads = tuple(Read(c, x, n, last) for c, x, n, last in zip(caches, inputs, lengths, last_only))
-    (ran,) = member.runner.backend.execute([Pass(MERGED, member.runner.prepared, reads)], Execution.here(exact))
+    (ran,) = member.runner.backend.execute([Pass(MERGED, member.runner.prepared, reads)], Execution(exact))
     return ran.results
 
 

@@ -7,11 +7,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, masking_utils, modeling_gguf_pytorch_utils
 
-from adafuse.backend import backend_for, check_model, check_transformers
+from adafuse.backend import BACKENDS, backend_for, check_model, check_transformers
 from adafuse.backend.attention import PREFIX
+from adafuse.backend.cpu.exact import ExactBackend
 from adafuse.backend.cpu.projection import BlockedHead
-from adafuse.backend.exact import ExactBackend
-from adafuse.backend.tiles import TiledHead, TiledLinear
+from adafuse.backend.cpu.tiles import TiledHead, TiledLinear
+from adafuse.backend.install import restore
+from adafuse.backend.probe_store import ProbeStore
 from adafuse.errors import BackendError
 
 
@@ -89,3 +91,27 @@ def test_device_auto_puts_member_k_on_the_k_th_gpu_and_a_named_device_stays(monk
     assert [m.device for m in Ensemble.placed(models)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:0", "cuda:0"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert {m.device for m in Ensemble.placed(models[:3])} == {"cpu"}
+
+
+def test_backends_are_found_by_device_type_through_their_entry_points_and_any_other_type_gets_the_exact_one():
+    assert {"cpu", "cuda", "exact"} <= set(BACKENDS)
+    assert type(backend_for("cpu")).__name__ == "CpuBackend"
+    other = backend_for("meta")  # a device type without a backend of its own
+    assert type(other) is ExactBackend and other.name == "meta-exact"
+
+
+def test_what_a_backend_changed_in_a_model_is_taken_back_and_the_model_computes_as_loaded():
+    """adafuse/backend/install.py: the one place that swaps a layer's class and routes attention, and takes both
+    back."""
+    model, fresh = tiny_llama(), tiny_llama()
+    fresh.load_state_dict(model.state_dict())
+    classes = {name: type(module) for name, module in model.named_modules()}
+    ExactBackend("cpu", ProbeStore(None)).prepare(model)
+    assert any(type(module) is not classes[name] for name, module in model.named_modules())
+    assert model.config._attn_implementation.startswith(PREFIX)
+    restore(model)
+    assert {name: type(module) for name, module in model.named_modules()} == classes
+    assert model.config._attn_implementation == "sdpa"
+    ids = torch.tensor([[1, 5, 9, 3]])
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, fresh(ids).logits)

@@ -167,6 +167,27 @@ def test_nothing_outside_the_member_touches_its_stores_or_its_cache_module(path)
     assert not reached
 
 
+@pytest.mark.parametrize("path", python_files("adafuse", "baselines", "eval", "serve"), ids=relative)
+def test_only_the_install_module_changes_a_models_classes_or_transformers_registries(path):
+    """What a backend changes in a model is made in one place, adafuse/backend/install.py, which takes it back too:
+    no class swap elsewhere, and transformers' attention registries written only by the wrapper it routes through
+    (adafuse/backend/attention.py `wrapped_attention`)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    swaps = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Attribute) and t.attr == "__class__" for t in node.targets)
+    ]
+    registers = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("Interface.register")
+    ]
+    assert not swaps or relative(path) == "adafuse/backend/install.py", swaps
+    assert not registers or relative(path) == "adafuse/backend/attention.py", registers
+
+
 SHIPPED = ["adafuse", "baselines", "eval", "serve", "conf", "hydra_plugins"]  # pyproject's packages
 
 

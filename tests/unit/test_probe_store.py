@@ -13,11 +13,12 @@ import torch
 
 from adafuse.backend.probe_store import ProbeStore, Verdicts, store_path
 
-# One process multiplies rows of a fixed weight through a row-tiled layer (adafuse/backend/tiles.py), counting the
+# One process multiplies rows of a fixed weight through a row-tiled layer (adafuse/backend/cpu/tiles.py), counting the
 # probe inputs it builds; with PROBE_FAILS set, building one raises, so every verdict must come from the store.
 MULTIPLY = """
 import json, os, sys, torch
-from adafuse.backend import backend_for, tiles
+from adafuse.backend import backend_for
+from adafuse.backend.cpu import tiles
 if os.environ.get("PROBE_FAILS"):
     def refuse(*args, **kwargs):
         raise AssertionError("probed although the store holds the verdict")
@@ -26,6 +27,7 @@ probes = backend_for(torch.device("cpu")).probes
 layer = torch.nn.Linear(320, 96, bias=False)
 layer.weight.data = torch.randn(96, 320, generator=torch.Generator().manual_seed(0))
 layer.__class__ = tiles.TiledLinear
+layer.kernels = probes
 x = torch.randn(9, 320, generator=torch.Generator().manual_seed(1))
 with torch.inference_mode():
     out = layer(x)

@@ -9,7 +9,7 @@ adafuse/backend/forward.py) multiplies on its share of the cores: the torch thre
 threads of the share still running, so one each while two run, and all of them for the last one left.
 
 Only MKL's count changes, per thread (`MKL_Set_Num_Threads_Local`), and only where it keeps the bits:
-adafuse/backend/tiles.py runs a multiply with fewer threads only where a probe (once per kernel, row count and
+adafuse/backend/cpu/tiles.py runs a multiply with fewer threads only where a probe (once per kernel, row count and
 thread count) shows that it gives the bits it gets with all of them. Attention and the other OpenMP kernels
 keep their thread count: the one-query path of attention splits its work by threads, and its bits change
 with them. Where MKL's per-thread count cannot be set (a build without MKL), nothing changes.

@@ -8,7 +8,7 @@ dimension, so every logit keeps the bits of one multiply over the whole matrix w
 (tests/engine/test_projection.py checks it on both bundled models' heads); only the time changes
 (docs/speed.md, "The vocabulary projection on the CPU").
 
-Each block is multiplied in row tiles like every other linear layer (adafuse/backend/tiles.py): the rows are
+Each block is multiplied in row tiles like every other linear layer (adafuse/backend/cpu/tiles.py): the rows are
 padded to whole tiles once, and every block's multiply is probed as its own kernel. A blocked head is blocked
 for every number of rows, one included, so that a row's logits never depend on how many rows its pass had
 (blocks of a different shape would be another kernel). Blocks go in runs of HELPER_CHECK, each run one batched
@@ -28,16 +28,14 @@ too little work to pay for its call. The CPU backend alone blocks a head (adafus
 """
 
 import itertools
-import weakref
 
 import torch
 import torch.nn.functional as F
 
 from adafuse.backend.cpu.cores import Cores
-from adafuse.backend.forward import current
-from adafuse.backend.live import only_live
-from adafuse.backend.tiles import (
+from adafuse.backend.cpu.tiles import (
     KernelProbes,
+    cpu_pass,
     fewer_threads_keep_bits,
     kernel_key,
     linear,
@@ -46,8 +44,9 @@ from adafuse.backend.tiles import (
     one_call_is_tiled,
     pad_to_tiles,
     probe_input,
-    probes_for,
 )
+from adafuse.backend.install import swap
+from adafuse.backend.live import only_live
 
 BLOCK_ROWS = 512
 MIN_HIDDEN = 256
@@ -57,23 +56,26 @@ HELPER_CHECK = 16  # blocks in a run: one call each, and a look for a free core 
 class BlockedHead(torch.nn.Linear):
     """The vocabulary projection multiplied one block of rows at a time (module docstring), each block in row
     tiles; logits only where the pass reads them (adafuse/backend/live.py). In a pass whose forward context
-    turns tiles off, one stock multiply."""
+    turns tiles off, one stock multiply. `kernels`: its backend's probes (set where it was blocked)."""
+
+    kernels: KernelProbes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        context = current()
-        if not context.tiles:
+        settings = cpu_pass()
+        if not settings.tiles:
             return only_live(x, self.out_features, lambda flat: F.linear(flat, self.weight, self.bias), pack=True)
-        probes = probes_for("cpu")
-        return only_live(x, self.out_features, lambda flat: _blocked_rows(self, probes, flat, context.share), True)
+        blocked = lambda flat: _blocked_rows(self, self.kernels, flat, settings.share)  # noqa: E731
+        return only_live(x, self.out_features, blocked, pack=True)
 
 
-def block_output_projection(model) -> bool:
-    """Make the model's output embeddings a `BlockedHead` where blocks pay (module docstring); idempotent.
-    Whether its head is blocked now."""
+def block_output_projection(model, probes: KernelProbes) -> bool:
+    """Make the model's output embeddings a `BlockedHead` that reads `probes` where blocks pay (module docstring);
+    idempotent. Whether its head is blocked now."""
     head = model.get_output_embeddings()
     if type(head) is torch.nn.Linear and head.weight.device.type == "cpu":
         if head.weight.dtype == torch.float32 and head.in_features >= MIN_HIDDEN:
-            head.__class__ = BlockedHead
+            swap(model, head, BlockedHead)
+            head.kernels = probes
     return isinstance(head, BlockedHead)
 
 
@@ -162,18 +164,15 @@ def _multiply_on_free_cores(cores: Cores, share, runs: list[range], multiply) ->
         helper.result()
 
 
-# head -> (weight, bias, its row blocks, its full blocks stacked, their runs): kept beside the module, not on
-# it, so that a deep copy of a model (tests/support/members.py `narrow_window`) makes its own blocks instead of
-# copying views, which deepcopy refuses
-_BLOCKS: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
-
-
-def _blocks(head: torch.nn.Linear) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], torch.Tensor | None, list]:
+def _blocks(head: BlockedHead) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], torch.Tensor | None, list]:
     """The head's row blocks (views of its weight and bias), its full blocks as one (blocks, BLOCK_ROWS, in)
     view for `block_products` (None with a bias, or a weight whose rows cannot be viewed so), and the runs
-    they are multiplied in (`_runs`), made once for the weight it holds now, not at every pass."""
+    they are multiplied in (`_runs`), made once for the weight it holds now, not at every pass. Kept by the
+    backend's probes (head -> (weight, bias, blocks, stacked, runs)), not on the module, so that a deep copy of a
+    model (tests/support/members.py `narrow_window`) makes its own blocks instead of copying views, which deepcopy
+    refuses."""
     weight, bias = head.weight, head.bias
-    kept = _BLOCKS.get(head)
+    kept = head.kernels.blocks.get(head)
     if kept is None or kept[0] is not weight or kept[1] is not bias:
         blocks = [
             (weight[i : i + BLOCK_ROWS], None if bias is None else bias[i : i + BLOCK_ROWS])
@@ -182,7 +181,7 @@ def _blocks(head: torch.nn.Linear) -> tuple[list[tuple[torch.Tensor, torch.Tenso
         full = weight.shape[0] // BLOCK_ROWS
         stackable = bias is None and full > 0 and weight.is_contiguous()
         stacked = weight[: full * BLOCK_ROWS].view(full, BLOCK_ROWS, weight.shape[1]) if stackable else None
-        kept = _BLOCKS[head] = (weight, bias, blocks, stacked, _runs(blocks))
+        kept = head.kernels.blocks[head] = (weight, bias, blocks, stacked, _runs(blocks))
     return kept[2], kept[3], kept[4]
 
 

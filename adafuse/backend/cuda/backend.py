@@ -25,10 +25,10 @@ import time
 
 import torch
 
+from adafuse.backend.calls import MEMORY_SHARE, alone_pass, device_free_memory, finish, prefix_pass, prepared_for
 from adafuse.backend.cuda import layers, toolchain
 from adafuse.backend.cuda.attention import KERNEL, packed_attention, torch_varlen
 from adafuse.backend.cuda.choice import Choice, decide
-from adafuse.backend.exact import MEMORY_SHARE, alone_pass, device_free_memory, finish, prefix_pass, prepared_for
 from adafuse.backend.forward import ForwardContext
 from adafuse.backend.interface import ALONE, MERGED, PREFIX, PROMPT, Backend, Execution, Pass, Prepared, Ran
 from adafuse.backend.probe_store import ProbeStore
@@ -76,7 +76,7 @@ class CudaBackend(Backend):
         timings, outputs = [], []
         for p in passes:  # every model's passes launched, none waited for
             ops = self.choices[id(p.model.model)].ops(how.exact)
-            context = ForwardContext(tiles=False, ops=ops)
+            context = ForwardContext(own=ops)
             # Triton launches, and CUDA events record, on the current device's stream: the pass's own GPU
             with _on(p.model.device):
                 launched = time.perf_counter()

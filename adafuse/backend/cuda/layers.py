@@ -6,8 +6,9 @@ normalises with either the model's own RMSNorm or the batch-invariant kernel, wh
 pass (adafuse/backend/cuda/choice.py `Ops`). Outside the engine's passes, and where the context names no kernel,
 every layer is the model's own: `generate()` over a member's model runs stock.
 
-Each layer is swapped for a subclass of its own class (`install`), so that a model keeps its types (isinstance,
-deep copies) and a layer reads its choice from the pass's context, not from state of its own.
+Each layer is swapped for a subclass of its own class (`install`, through adafuse/backend/install.py), so that a
+model keeps its types (isinstance, deep copies) and a layer reads its choice from the pass's context (the CUDA
+backend's part of it, `Ops`), not from state of its own.
 """
 
 import functools
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 from adafuse.backend.cuda import kernels
 from adafuse.backend.forward import current
+from adafuse.backend.install import swap
 from adafuse.backend.live import only_live
 
 # RMSNorm formulas the kernel reproduces, by module class name: (offset added to the weight, whether the normalised
@@ -41,7 +43,7 @@ class KernelLinear(torch.nn.Linear):
     head = False  # the vocabulary projection: logits only where the pass reads them
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ops = current().ops
+        ops = current().own
         multiply = kernels.linear if ops is not None and ops.linear else F.linear
         return only_live(x, self.out_features, lambda flat: multiply(flat, self.weight, self.bias), self.head)
 
@@ -51,7 +53,7 @@ class KernelHead(KernelLinear):
 
 
 def _norm_forward(self, x: torch.Tensor) -> torch.Tensor:
-    ops = current().ops
+    ops = current().own
     if ops is None or not ops.rms_norm:
         return super(type(self), self).forward(x)
     return norm_kernel(self, x)
@@ -82,9 +84,9 @@ def install(model) -> list[str]:
     for module in model.modules():
         cls = type(module)
         if cls is torch.nn.Linear:
-            module.__class__ = KernelHead if module is head else KernelLinear
+            swap(model, module, KernelHead if module is head else KernelLinear)
         elif cls.__name__ in RMS_NORMS:
-            module.__class__ = kernel_norm(cls)
+            swap(model, module, kernel_norm(cls))
         elif cls.__name__.endswith("RMSNorm") and not cls.__name__.startswith("Kernel"):
             unknown.add(cls.__name__)
     return sorted(unknown)

@@ -16,17 +16,22 @@ rows (one real, the rest zeros), in every pass of a member, alone or merged, and
 member's model too (outside the engine's passes the forward context keeps tiles on: adafuse/backend/forward.py).
 A pass whose context turns tiles off multiplies with the stock kernel, one call over its rows.
 
-Every probe's verdict lives in the `KernelProbes` of the process's backend for the device type, backed by a
-probe store on disk for the environment (adafuse/backend/probe_store.py).
+Every probe's verdict lives in the `KernelProbes` of the backend that prepared the model, backed by a probe store on
+disk for the environment (adafuse/backend/probe_store.py); each tiled layer holds its backend's probes from install
+on. How a pass multiplies (in tiles or not, on which share of the cores) is the CPU backend's part of the pass's
+forward context (`CpuPass`).
 """
 
 import contextlib
 import weakref
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from adafuse.backend.forward import current
+from adafuse.backend.install import swap
 from adafuse.backend.live import only_live
 from adafuse.backend.probe_store import ProbeStore, Verdicts
 
@@ -37,8 +42,8 @@ _MKL_DTYPES = (torch.float32, torch.float64)  # the CPU multiplies MKL runs (bfl
 
 class KernelProbes:
     """The verdicts of the multiply probes, one table each, backed by a probe store, and the CPU's cores, whose
-    MKL threads a multiply may share (adafuse/backend/cpu/cores.py; None off the CPU). One per process and
-    device type (`probes_for`); every tiled layer on that device type reads it."""
+    MKL threads a multiply may share (adafuse/backend/cpu/cores.py; None off the CPU). One per backend; every
+    layer it tiles holds it (a deep copy of a model shares it: it is the backend's, not the layer's)."""
 
     def __init__(self, store: ProbeStore, cores=None):
         self.tile_rows = Verdicts("tile_rows", store)  # kernel key -> the rows of its tile
@@ -49,47 +54,62 @@ class KernelProbes:
         # (id(weight), rows, torch threads, MKL threads of the share) -> (weakref to the weight, its layout):
         # a pass asks every layer's, and looking the verdicts up again costs more than a small multiply
         self.layouts: dict[tuple, tuple] = {}
+        # blocked head -> its row blocks (adafuse/backend/cpu/projection.py), made once for the weight it holds
+        self.blocks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __deepcopy__(self, memo) -> "KernelProbes":
+        return self
 
 
-_PROBES: dict[str, KernelProbes] = {}
+@dataclass(frozen=True)
+class CpuPass:
+    """The CPU backend's part of a pass's forward context (adafuse/backend/forward.py): whether its linear layers
+    multiply in row tiles (False: the stock kernels, one call), and the threads this thread shares the cores with
+    (adafuse/backend/cpu/cores.py `CoreShare`; None: all of them)."""
+
+    tiles: bool = True
+    share: Any = None
 
 
-def probes_for(device_type: str) -> KernelProbes:
-    """The process's probes for a device type, as its backend registered them (`register_probes`)."""
-    return _PROBES[device_type]
+OUTSIDE_A_PASS = CpuPass()  # outside any pass: tiles on, as in every pass alone
 
 
-def register_probes(device_type: str, probes: KernelProbes) -> None:
-    """Make `probes` the ones every tiled layer on the device type reads (its backend's, made once per process)."""
-    _PROBES[device_type] = probes
+def cpu_pass() -> CpuPass:
+    """The running pass's CPU settings (OUTSIDE_A_PASS outside any pass)."""
+    own = current().own
+    return own if isinstance(own, CpuPass) else OUTSIDE_A_PASS
 
 
 class TiledLinear(torch.nn.Linear):
     """A linear layer that multiplies in row tiles (module docstring), or with the stock kernel in a pass whose
-    forward context turns tiles off. Only the live positions are multiplied (adafuse/backend/live.py)."""
+    forward context turns tiles off. Only the live positions are multiplied (adafuse/backend/live.py). `kernels`:
+    its backend's probes (set where it was tiled)."""
 
     head = False  # the vocabulary projection: logits only where the pass reads them (`only_live`'s `pack`)
+    kernels: KernelProbes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        context = current()
-        if not context.tiles:
+        settings = cpu_pass()
+        if not settings.tiles:
             return only_live(x, self.out_features, lambda flat: F.linear(flat, self.weight, self.bias), self.head)
-        probes = probes_for(self.weight.device.type)
-        return only_live(x, self.out_features, lambda flat: tiled_rows(probes, self, flat, context.share), self.head)
+        return only_live(
+            x, self.out_features, lambda flat: tiled_rows(self.kernels, self, flat, settings.share), self.head
+        )
 
 
 class TiledHead(TiledLinear):
     head = True
 
 
-def tile_linear_layers(model) -> None:
-    """Make every linear layer of the model a `TiledLinear` (the output embeddings a `TiledHead`), unless the
-    backend already made it another kind of its own (the CPU's blocked head). Idempotent. A model whose weights
-    are not materialised (the meta device) is left alone: nothing to probe."""
+def tile_linear_layers(model, probes: KernelProbes) -> None:
+    """Make every linear layer of the model a `TiledLinear` (the output embeddings a `TiledHead`) that reads
+    `probes`, unless the backend already made it another kind of its own (the CPU's blocked head). Idempotent. A
+    model whose weights are not materialised (the meta device) is left alone: nothing to probe."""
     head = model.get_output_embeddings()
     for module in model.modules():
         if type(module) is torch.nn.Linear and module.weight.device.type != "meta":
-            module.__class__ = TiledHead if module is head else TiledLinear
+            swap(model, module, TiledHead if module is head else TiledLinear)
+            module.kernels = probes
 
 
 def tiled_rows(probes: KernelProbes, module: torch.nn.Linear, flat: torch.Tensor, share) -> torch.Tensor:

@@ -1,0 +1,76 @@
+"""How a pass calls a prepared model, whichever backend runs it: what a backend's `prepare` leaves (`prepared_for`),
+a read in a pass of its own (`alone_pass`), a prompt's shared prefix through the model's body (`prefix_pass`), a
+read's result from its logits (`finish`), and the memory a device has free (`device_free_memory`)."""
+
+import inspect
+from dataclasses import replace
+
+import torch
+
+from adafuse.backend.forward import ForwardContext, forward_context
+from adafuse.backend.install import route_attention
+from adafuse.backend.interface import Pass, Prepared, Read
+from adafuse.backend.live import on_device, packed_logits, padded_rows
+
+MEMORY_SHARE = 0.8  # of the memory free at a step, what its passes may take
+
+
+def prepared_for(model) -> Prepared:
+    """How a pass calls `model`, once its backend has installed what it changes in it (its attention routed through
+    the per-request wrapper where it can be: adafuse/backend/install.py)."""
+    params = inspect.signature(model.forward).parameters
+    body = model.get_decoder()
+    return Prepared(
+        model=model,
+        device=model.device,
+        # transformers >= 5.24 names the argument `cache`; 5.23 and remote-code models `past_key_values`
+        cache_arg="cache" if "cache" in params else "past_key_values",
+        body=body,
+        body_cache_arg="cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values",
+        keeps_last="logits_to_keep" in params,
+        splits_attention=route_attention(model),
+    )
+
+
+def device_free_memory(device: torch.device) -> int:
+    """Bytes free on `device` now: the GPU's (`mem_get_info`, and what torch's allocator keeps reserved but holds
+    nothing in), else the host's available memory."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def prefix_pass(p: Pass, context: ForwardContext) -> list[None]:
+    """A PREFIX pass: its one read's ids into its empty cache, through the model's body alone (no logits)."""
+    (read,) = p.reads
+    with forward_context(context):
+        ids = on_device(read.input_ids, p.model.device)
+        p.model.body(input_ids=ids, use_cache=True, **{p.model.body_cache_arg: read.cache})
+    return [None]
+
+
+def alone_pass(model: Prepared, read: Read, context: ForwardContext) -> torch.Tensor:
+    """One read's float32 logits from a pass of its own. `last_only` makes the vocabulary projection's logits
+    for the last position alone (a 1,400-token prompt would otherwise materialise 1.5 GB of logits with a 262k
+    vocabulary); `lengths` computes only each row's real ids (adafuse/backend/live.py)."""
+    kwargs = {model.cache_arg: read.cache}
+    if read.last_only and model.keeps_last:
+        kwargs["logits_to_keep"] = 1
+    width = read.input_ids.shape[1]
+    live = padded_rows(read.lengths, width, model.device)
+    with forward_context(replace(context, live=live)):
+        logits = model.model(input_ids=on_device(read.input_ids, model.device), use_cache=True, **kwargs).logits
+    return logits.float() if read.lengths is None else packed_logits(logits, read.lengths, width).float()
+
+
+def finish(read: Read, logits: torch.Tensor) -> torch.Tensor:
+    """A read's result from its logits: themselves, or their log-softmax with the `masked` ids at -inf (set in
+    place: the pass's own logits, which nothing else reads; the ids, given on the host, moved to the logits)."""
+    if not read.logprobs:
+        return logits
+    if read.masked is not None:
+        logits.index_fill_(-1, on_device(read.masked, logits.device), float("-inf"))
+    return torch.log_softmax(logits, dim=-1)
