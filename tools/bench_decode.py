@@ -47,10 +47,13 @@
    from wait4), its models' KV bytes (metrics.json `batching`: the most held, the most per example in flight, the
    stored prompt prefixes, and one context's, KV per token times the longest context), and its predictions
    against the other run and the committed results/grid run.
+12. `--only host`: the engine's host time per pass at the paper pair's real depth (32 layers, 32/8 heads) and a tiny
+   width: one merged pass of 1, 8 and 32 requests against one plain transformers forward, AdaFuse exact at batch 8
+   against the members' summed `generate()`, and the KV bytes the engine copies per pass (tools/bench_host.py).
 Prints a table and writes the figures to results/bench/decode.json; `--only reference`, `authors`,
-`projection`, `lm_eval`, `exact`, `default_run`, `overhead`, `serve` or `memory` writes its section alone to
-reference.json, authors.json, projection.json, lm_eval.json, exact_batching.json, default_run.json,
-overhead.json, serve.json or memory.json.
+`projection`, `lm_eval`, `exact`, `default_run`, `overhead`, `serve`, `memory` or `host` writes its section alone
+to reference.json, authors.json, projection.json, lm_eval.json, exact_batching.json, default_run.json,
+overhead.json, serve.json, memory.json or host.json.
 """
 
 import argparse
@@ -88,6 +91,7 @@ from conf.schema import DataConf
 from eval.results import read_predictions
 from eval.tasks import BESIDE_CHECKOUT, Task
 from oracles import reference
+from tools.bench_host import compare_host
 from tools.bench_overhead import compare_overhead
 from tools.bench_serve import compare_serve
 
@@ -649,8 +653,9 @@ def main() -> None:
             "overhead",
             "serve",
             "memory",
+            "host",
         ],
-        help="run one section (1, 2, 3, 4, 5, 6, 7, 8, 9, 10 or 11)",
+        help="run one section (1 to 12)",
     )
     parser.add_argument("--authors-code", type=Path, help="a checkout of CCM0111/AdaFuse (section 4)")
     parser.add_argument("--authors-questions", type=int, default=10, help="NQ questions for section 4")
@@ -691,8 +696,8 @@ def main() -> None:
         "with --only those)",
     )
     args = parser.parse_args()
-    args.limit = args.limit or (24 if args.only == "overhead" else 48)
-    args.repeats = args.repeats or (3 if args.only == "overhead" else 2)
+    args.limit = args.limit or {"overhead": 24, "host": 16}.get(args.only, 48)
+    args.repeats = args.repeats or {"overhead": 3, "host": 7}.get(args.only, 2)
     # a section run alone leaves the full run's decode.json as that run wrote it
     own_file = {
         "reference": "reference.json",
@@ -704,13 +709,14 @@ def main() -> None:
         "overhead": "overhead.json",
         "serve": "serve.json",
         "memory": "memory.json",
+        "host": "host.json",
     }
     args.out = args.out or ROOT / "results/bench" / own_file.get(args.only, "decode.json")
     torch.set_num_threads(args.threads)
 
     # section 6 loads the pair through the lm_eval model, which holds its own; section 8 runs run.py; section 9
     # decodes with the paper's pair in shape
-    own_models = ("lm_eval", "default_run", "overhead", "memory")
+    own_models = ("lm_eval", "default_run", "overhead", "memory", "host")
     ens = None if args.only in own_models else Ensemble.from_config(["smollm2_135m", "gemma3_270m"])
     scale = args.scale or (0.25 if args.quick else 1.0)
     record = {
@@ -814,6 +820,15 @@ def main() -> None:
         for name, value in overhead["ratios"].items():
             print(f"  {name}: {value:.2f} (median of {overhead['repeats']})")
         print(f"  identical: {overhead['identical']}")
+    if args.only == "host":
+        print(f"12. host time per pass at the real depth: {args.limit} nq prompts, float32", flush=True)
+        record["host"] = host = compare_host(task_requests("nq", args.limit, args.data_dir, 24), args.repeats)
+        for name, value in host["pass"]["ratios"].items():
+            print(f"  {name}: {value:.2f} (goal for 8: <= 1.5)")
+        print(
+            f"  AdaFuse b8 / summed generate(): {host['decode']['adafuse_b8_over_summed_generate']:.2f} (goal <= 1.0)"
+        )
+        print(f"  KV bytes copied per pass: {host['copies']['kv_bytes_copied_per_pass']:.0f} (goal 0)")
     if args.only == "serve":
         print(f"10. adafuse-serve against offline decoding: {args.limit} nq prompts, 1, 8 and 32 clients", flush=True)
         record["serve"] = serve = compare_serve(

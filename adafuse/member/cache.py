@@ -75,10 +75,16 @@ class KVBuffer:
     @classmethod
     @torch.inference_mode()
     def empty(cls, like: "KVBuffer", rows: int, capacity: int) -> "KVBuffer":
-        k, v = like.keys, like.values
-        keys = k.new_empty((rows, k.shape[1], capacity, k.shape[3]))
-        values = v.new_empty((rows, v.shape[1], capacity, v.shape[3]))
-        return cls(keys, values, 0, like.ledger)
+        return cls.shaped(like.keys, like.values, rows, capacity, like.ledger)
+
+    @classmethod
+    @torch.inference_mode()
+    def shaped(cls, keys, values, rows: int, capacity: int, ledger: KVLedger) -> "KVBuffer":
+        """An empty buffer of `rows` rows and `capacity` positions for keys and values shaped as `keys` and `values`
+        (rows, heads, positions, head_dim)."""
+        k = keys.new_empty((rows, keys.shape[1], capacity, keys.shape[3]))
+        v = values.new_empty((rows, values.shape[1], capacity, values.shape[3]))
+        return cls(k, v, 0, ledger)
 
     @property
     def capacity(self) -> int:
@@ -92,12 +98,16 @@ class KVBuffer:
         self.filled = max(self.filled, end)
 
 
-def _append(buffer: KVBuffer, length: int, keys: torch.Tensor, values: torch.Tensor, room: int) -> KVBuffer:
+def _append(
+    buffer: KVBuffer | None, length: int, keys: torch.Tensor, values: torch.Tensor, room: int, ledger: KVLedger
+) -> KVBuffer:
     """`keys` and `values` written after the first `length` positions of `buffer`: in place where `length` is its
     end and it has room, else into a new buffer (the first `length` positions copied, `room` more after the new
-    ones). The buffer that holds them."""
+    ones; a context that holds nothing yet gets its first buffer so). The buffer that holds them."""
     end = length + keys.shape[2]
-    if buffer.frozen or buffer.filled != length or end > buffer.capacity:
+    if buffer is None:
+        buffer = KVBuffer.shaped(keys, values, keys.shape[0], end + room, ledger)
+    elif buffer.frozen or buffer.filled != length or end > buffer.capacity:
         grown = KVBuffer.empty(buffer, buffer.keys.shape[0], end + room)
         if length:
             grown.write(0, buffer.keys[:, :, :length], buffer.values[:, :, :length])
@@ -107,26 +117,34 @@ def _append(buffer: KVBuffer, length: int, keys: torch.Tensor, values: torch.Ten
 
 
 class ContextLayer(DynamicLayer):
-    """One layer of a context: the first `length` positions of a buffer; `keys` and `values` are their views."""
+    """One layer of a context: the first `length` positions of a buffer; `keys` and `values` are their views. A
+    context read from nothing (`fresh_cache`) has no buffer until its first read, which makes one with `room`
+    positions to spare after what it reads (a prompt's: the positions its method may add to it), so that the
+    context then grows in place."""
 
-    ROOM = 64  # positions of room a new buffer gets after what it must hold
+    ROOM = 64  # positions of room a new buffer gets after what it must hold, at the least
 
-    def __init__(self, buffer: KVBuffer, length: int):
+    def __init__(self, buffer: KVBuffer | None, length: int, room: int = 0, ledger: KVLedger | None = None):
         super().__init__()
         self.is_initialized = True
-        self.device, self.dtype = buffer.keys.device, buffer.keys.dtype
+        self.room, self.ledger = max(room, self.ROOM), ledger if buffer is None else buffer.ledger
+        if buffer is not None:
+            self.device, self.dtype = buffer.keys.device, buffer.keys.dtype
         self._hold(buffer, length)
 
-    def _hold(self, buffer: KVBuffer, length: int) -> None:
+    def _hold(self, buffer: KVBuffer | None, length: int) -> None:
         self.buffer, self.length = buffer, length
-        self.keys, self.values = buffer.keys[:, :, :length], buffer.values[:, :, :length]
+        if buffer is not None:
+            self.keys, self.values = buffer.keys[:, :, :length], buffer.values[:, :, :length]
 
     def get_seq_length(self) -> int:
         return self.length
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         end = self.length + key_states.shape[2]
-        self._hold(_append(self.buffer, self.length, key_states, value_states, self.ROOM), end)
+        if self.buffer is None:
+            self.device, self.dtype = key_states.device, key_states.dtype
+        self._hold(_append(self.buffer, self.length, key_states, value_states, self.room, self.ledger), end)
         return self.keys, self.values
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -150,11 +168,14 @@ class ForkLayer(DynamicLayer):
 
     ROOM = 16  # a fork grows a few tokens at a time, in every one of its rows
 
-    def __init__(self, base: KVBuffer, upto: int, rows: int, own: KVBuffer | None = None, own_length: int = 0):
+    def __init__(
+        self, base: KVBuffer, upto: int, rows: int, own: KVBuffer | None = None, own_length: int = 0, room: int = 0
+    ):
         super().__init__()
         self.is_initialized = True
         self.device, self.dtype = base.keys.device, base.keys.dtype
         self.base, self.upto, self.rows, self.own, self.own_length = base, upto, rows, own, own_length
+        self.room = room  # its context's: what a context committed from it keeps to spare (`ContextLayer`)
         self.riding = False  # its own positions are the base buffer's, from `upto` on
 
     @property
@@ -206,7 +227,7 @@ class ForkLayer(DynamicLayer):
                 self.riding = False
             elif self.own is None:
                 self.own = KVBuffer.empty(self.base, self.rows, new + self.ROOM)
-            self.own = _append(self.own, self.own_length, key_states, value_states, self.ROOM)
+            self.own = _append(self.own, self.own_length, key_states, value_states, self.ROOM, self.own.ledger)
         self.own_length += new
         return self.whole()
 
@@ -214,32 +235,32 @@ class ForkLayer(DynamicLayer):
         """A fork of the given rows, in that order, over the same context positions (their own copied; where it
         rides the base buffer, they are the buffer's: read in place)."""
         if self.riding:
-            return ForkLayer(self.base, self.upto + self.own_length, len(rows))
+            return ForkLayer(self.base, self.upto + self.own_length, len(rows), room=self.room)
         if self.own is None or not self.own_length:
-            return ForkLayer(self.base, self.upto, len(rows))
+            return ForkLayer(self.base, self.upto, len(rows), room=self.room)
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
         own = KVBuffer.empty(self.own, len(rows), self.own_length + self.ROOM)
         own.write(0, self.own.keys[index, :, : self.own_length], self.own.values[index, :, : self.own_length])
-        return ForkLayer(self.base, self.upto, len(rows), own, self.own_length)
+        return ForkLayer(self.base, self.upto, len(rows), own, self.own_length, self.room)
 
     def continued(self, row: int, end: int, rows: int) -> "ForkLayer":
         """`rows` rows that each continue row `row` up to position `end` (its real tokens)."""
         length = end - self.upto
         if self.riding or not length:
-            return ForkLayer(self.base, end, rows)
+            return ForkLayer(self.base, end, rows, room=self.room)
         own = KVBuffer.empty(self.own, rows, length + self.ROOM)
         keys, values = self.own.keys[row : row + 1, :, :length], self.own.values[row : row + 1, :, :length]
         own.write(0, keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1))
-        return ForkLayer(self.base, self.upto, rows, own, length)
+        return ForkLayer(self.base, self.upto, rows, own, length, self.room)
 
     def committed(self, row: int, end: int) -> ContextLayer:
         """The context that row `row` makes up to position `end`: the forked context's first `upto` positions
         and the row's own after them, appended in place where that context's buffer ends at `upto` (where the fork
         rides the buffer, they are there already)."""
         if self.riding:
-            return ContextLayer(self.base, end)
+            return ContextLayer(self.base, end, self.room)
         length = end - self.upto
-        context = ContextLayer(self.base, self.upto)
+        context = ContextLayer(self.base, self.upto, self.room)
         if length:
             context.update(self.own.keys[row : row + 1, :, :length], self.own.values[row : row + 1, :, :length])
         return context
@@ -255,23 +276,30 @@ def context_cache(cache: DynamicCache, ledger: KVLedger, frozen: bool = False) -
     return _cache(layers)
 
 
-def view_cache(cache: DynamicCache, length: int | None = None) -> DynamicCache:
+def view_cache(cache: DynamicCache, length: int | None = None, room: int = 0) -> DynamicCache:
     """A cache of its own over the same buffers: a context's first `length` positions (default: all of them),
-    or a fork's rows as they are. Writing after them copies, unless they end where their buffer does."""
+    or a fork's rows as they are. Writing after them copies, unless they end where their buffer does (a context's
+    copy then gets `room` positions to spare)."""
     layers = []
     for layer in cache.layers:
         if isinstance(layer, ForkLayer):
             if length is not None:
                 raise ValueError("a fork is viewed whole")
-            layers.append(ForkLayer(layer.base, layer.upto, layer.rows, layer.own, layer.own_length))
+            layers.append(ForkLayer(layer.base, layer.upto, layer.rows, layer.own, layer.own_length, layer.room))
         else:
-            layers.append(ContextLayer(layer.buffer, layer.length if length is None else length))
+            layers.append(ContextLayer(layer.buffer, layer.length if length is None else length, room))
     return _cache(layers)
+
+
+def fresh_cache(layers: int, ledger: KVLedger, room: int) -> DynamicCache:
+    """A context of `layers` layers that holds nothing yet: its first read makes its buffers, with `room` positions
+    to spare after what it reads, charged to `ledger`."""
+    return _cache([ContextLayer(None, 0, room, ledger) for _ in range(layers)])
 
 
 def fork_cache(cache: DynamicCache, rows: int, upto: int) -> DynamicCache:
     """`rows` rows that continue a context's first `upto` positions, which they read in place."""
-    return _cache([ForkLayer(layer.buffer, upto, rows) for layer in cache.layers])
+    return _cache([ForkLayer(layer.buffer, upto, rows, room=layer.room) for layer in cache.layers])
 
 
 def select_rows(fork: DynamicCache, rows: list[int]) -> DynamicCache:

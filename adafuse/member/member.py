@@ -116,7 +116,7 @@ class Member:
         prefix_length = self.prefix_length(prompt, prefix, ids)
         self.forward_passes += 1
         self.tokens_fed += len(ids) - prefix_length
-        cache, logits = yield ReadPrompt(self.runner, ids, prefix_length)
+        cache, logits = yield ReadPrompt(self.runner, ids, prefix_length, reserve)
         rendered = self.tokenisation.render(prompt)
         last = logits[0, -1]
         context = Context(ids, cache, None, rendered, len(ids), 0, mask_control, last)

@@ -45,6 +45,7 @@ class ReadPrompt:
     runner: Any
     ids: list[int]
     prefix_length: int = 0
+    room: int = 0  # positions the context may grow by after the prompt (its buffer holds them from the start)
 
     @property
     def rows(self) -> int:

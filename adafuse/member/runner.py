@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from adafuse.backend import Backend, Read, backend_for
-from adafuse.member.cache import KVLedger, PromptStore, context_cache, view_cache
+from adafuse.member.cache import KVLedger, PromptStore, context_cache, fresh_cache, view_cache
 from adafuse.member.passes import ReadPrompt
 
 
@@ -69,17 +69,17 @@ class Runner:
 
     def prompt_read(self, request: ReadPrompt) -> Read:
         """A prompt's read: its tail after its stored prefix (read in place, frozen, so the pass writes into a buffer
-        of the prompt's own), or the whole prompt from nothing; its last position's logits."""
+        of the prompt's own), or the whole prompt from nothing; its last position's logits. The context's buffer
+        holds the positions the prompt's method may add (`room`) from the start: the context grows in place."""
         if request.prefix_length:
-            cache = view_cache(self.prompts.get(request.ids[: request.prefix_length]))
+            cache = view_cache(self.prompts.get(request.ids[: request.prefix_length]), room=request.room)
         else:
-            cache = DynamicCache()
+            cache = fresh_cache(self.layers, self.ledger, request.room)
         return Read(cache, torch.tensor([request.ids[request.prefix_length :]]), last_only=True)
 
     def prompt_context(self, request: ReadPrompt, read: Read):
-        """The context cache a prompt's read leaves (the model's own layers made a context's, charged to the
-        ledger), with the read's result: what `Member.start` receives."""
-        return read.cache if request.prefix_length else context_cache(read.cache, self.ledger)
+        """The context cache a prompt's read leaves, with the read's result: what `Member.start` receives."""
+        return read.cache
 
     # ---- the KV its examples hold -------------------------------------------------------------------------
 
