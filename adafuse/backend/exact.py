@@ -8,6 +8,7 @@ adds what pays on a CPU.
 
 import inspect
 import time
+import weakref
 from dataclasses import replace
 
 import torch
@@ -40,6 +41,13 @@ def prepared_for(model) -> Prepared:
     )
 
 
+def kept_while_used() -> "weakref.WeakValueDictionary[int, Prepared]":
+    """A backend's prepared models by id(model), each kept while something uses it (its runner): a backend lives as
+    long as the process, and holding them itself would keep every model it ever prepared, so an in-process sweep
+    would hold each pair it loaded. A Prepared holds its model, so an id here is never a dead model's."""
+    return weakref.WeakValueDictionary()
+
+
 class ExactBackend(Backend):
     """Row tiles and per-request attention (module docstring); the probes' verdicts in `probes`."""
 
@@ -49,14 +57,15 @@ class ExactBackend(Backend):
         check_transformers()
         self.probes = KernelProbes(store or ProbeStore.for_environment(), cores)
         register_probes(device_type, self.probes)
-        self._prepared: dict[int, Prepared] = {}
+        self._prepared = kept_while_used()
 
     def prepare(self, model) -> Prepared:
-        if id(model) not in self._prepared:
+        prepared = self._prepared.get(id(model))
+        if prepared is None:
             check_model(model)
             self._install(model)
-            self._prepared[id(model)] = prepared_for(model)
-        return self._prepared[id(model)]
+            prepared = self._prepared[id(model)] = prepared_for(model)
+        return prepared
 
     def _install(self, model) -> None:
         """What this backend changes in the model: its linear layers in row tiles."""

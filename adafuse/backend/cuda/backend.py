@@ -17,13 +17,22 @@ On a CPU tensor (the tests, with Triton's interpreter) the same code runs the ke
 
 import contextlib
 import time
+import weakref
 
 import torch
 
 from adafuse.backend.cuda import layers
 from adafuse.backend.cuda.attention import KERNEL, packed_attention, torch_varlen
 from adafuse.backend.cuda.choice import Choice, decide
-from adafuse.backend.exact import MEMORY_SHARE, alone_pass, device_free_memory, finish, prefix_pass, prepared_for
+from adafuse.backend.exact import (
+    MEMORY_SHARE,
+    alone_pass,
+    device_free_memory,
+    finish,
+    kept_while_used,
+    prefix_pass,
+    prepared_for,
+)
 from adafuse.backend.forward import ForwardContext
 from adafuse.backend.interface import ALONE, MERGED, PREFIX, Backend, Execution, Pass, Prepared, Ran
 from adafuse.backend.probe_store import ProbeStore
@@ -37,27 +46,29 @@ class CudaBackend(Backend):
         self.name = "cuda"
         check_transformers()
         self._store = store
-        self._prepared: dict[int, Prepared] = {}
-        self.choices: dict[int, Choice] = {}  # per model: what its passes use on its GPU
+        self._prepared = kept_while_used()
+        # per model, as long as it lives: what its passes use on its GPU
+        self.choices: weakref.WeakKeyDictionary[torch.nn.Module, Choice] = weakref.WeakKeyDictionary()
         self._stock_varlen = torch_varlen() if device_type == "cuda" else None
         # a split pass's attention in one call, by the choice's name for it (per_request: none)
         self._one_calls = {"kernel": KERNEL, "stock": packed_attention(self._stock_varlen)}
 
     def prepare(self, model) -> Prepared:
-        if id(model) not in self._prepared:
+        prepared = self._prepared.get(id(model))
+        if prepared is None:
             check_model(model)
             unknown = layers.install(model)
             prepared = prepared_for(model)
             store = self._store or ProbeStore.for_gpu(model.device)
             with _on(model.device):  # the probes launch on the model's GPU
-                self.choices[id(model)] = decide(model, model.device, unknown, self._stock_varlen, store)
+                self.choices[model] = decide(model, model.device, unknown, self._stock_varlen, store)
             self._prepared[id(model)] = prepared
-        return self._prepared[id(model)]
+        return prepared
 
     def execute(self, passes: list[Pass], how: Execution) -> list[Ran]:
         timings, outputs = [], []
         for p in passes:  # every model's passes launched, none waited for
-            ops = self.choices[id(p.model.model)].ops(how.exact)
+            ops = self.choices[p.model.model].ops(how.exact)
             context = ForwardContext(tiles=False, ops=ops)
             # Triton launches, and CUDA events record, on the current device's stream: the pass's own GPU
             with _on(p.model.device):
@@ -89,7 +100,7 @@ class CudaBackend(Backend):
         return device_free_memory(device)
 
     def describe(self, model: Prepared, exact: bool) -> dict:
-        return self.choices[id(model.model)].describe(exact)
+        return self.choices[model.model].describe(exact)
 
 
 def _on(device: torch.device):
