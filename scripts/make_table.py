@@ -84,11 +84,13 @@ KINDS = ("single", "baseline", "adafuse", "protocol")  # row order; protocol: pr
 def row_of(run: Run, shared: dict[str, list[str]]) -> tuple[str, str]:
     """(kind, name) of the run's row: single rows are named by their model, others by their method; the
     run's overrides follow, less those every run shares, and the knobs of NAMED_KNOBS. protocol=paper runs
-    are a kind of their own: they sit beside the paper's rows and are no one's "best baseline"."""
+    are a kind of their own, single models' too: they sit beside the paper's rows, are scored by the paper_*
+    replicas, and are no one's "best baseline" or "best single model"."""
     extra = [o for o in run.overrides if o not in shared[run.task]]
     if run.method == "single":
         extra = [o for o in extra if not o.startswith("method.member=")]
-        return "single", run.metrics["models"][0] + (f" [{','.join(extra)}]" if extra else "")
+        kind = "protocol" if run.protocol == "paper" else "single"
+        return kind, run.metrics["models"][0] + (f" [{','.join(extra)}]" if extra else "")
     knob = NAMED_KNOBS.get(run.method)
     if knob and not any(o.startswith(f"method.{knob}=") for o in extra):
         extra.append(f"method.{knob}={run.metrics['method'][knob]}")
@@ -146,9 +148,11 @@ def bleu_tokenizers(rows: dict) -> dict[str, str]:
 def ordered(rows: dict) -> list[tuple[str, str]]:
     def key(row):
         kind, name = row
-        method = name.split(" [")[0]
+        method = next(iter(rows[row].values())).run.method
         rank = BASELINES.index(method) if method in BASELINES else len(BASELINES)
-        return (KINDS.index(kind), method != "adafuse", rank, name)
+        # protocol=paper rows in the paper's order too: single models, baselines, AdaFuse
+        group = (method != "single") + (method in ("adafuse", "adafuse_code")) if kind == "protocol" else 0
+        return (KINDS.index(kind), group, method != "adafuse", rank, name)
 
     return sorted(rows, key=key)
 

@@ -180,3 +180,13 @@ def test_a_task_outside_the_six_has_a_column_of_its_own_and_stays_out_of_the_ave
     (row,) = [line for line in markdown.splitlines() if line.startswith("| adafuse ")]
     assert [c.strip() for c in row.split("|")[2:-1]] == ["50.0 ± 15.8", "25.0 ± 21.4", "50.0 ± 15.8"]  # Avg: NQ
     assert "custom, not among them, is not in it" in markdown
+
+
+def test_a_single_model_under_the_papers_protocol_sits_with_the_protocol_rows_and_enters_no_gain(tmp_path):
+    write_run(tmp_path, "nq", "adafuse", pattern(10, 2))  # 5 right
+    write_run(tmp_path, "nq", "single", pattern(10, 5))  # 2 right
+    write_run(tmp_path, "nq", "single", pattern(10, 1), "protocol=paper")  # all right, by the paper's scorer
+    cells = make_table(tmp_path)
+    assert float(cells[("AdaFuse gain vs best single model", "nq")]["value"]) == pytest.approx(30.0)
+    names = [line.split("|")[1].strip() for line in (tmp_path / "table1.md").read_text().splitlines()[4:]]
+    assert names[-1] == "smollm2_135m [protocol=paper]" and names.index("smollm2_135m") == 0
