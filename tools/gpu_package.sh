@@ -5,7 +5,7 @@
 # NQ and GSM8K files the prompts are made of, and run.sh, the one command to run there from the checkout's
 # root (docs/speed.md):
 #
-#   bash tools/gpu_package.sh [DATA_DIR]      # here, with network to PyPI; DATA_DIR: ../shared/data by default
+#   bash tools/gpu_package.sh [DATA_DIR]      # here, with network to PyPI; DATA_DIR: $ADAFUSE_DATA_DIR, else ../shared/data
 #   bash gpu_package/run.sh [--out FILE]      # there: results/bench/gpu_full.json by default
 #
 # The image (docs/speed.md): Python 3.12, torch 2.11 + CUDA 13, transformers 5.17, accelerate, tokenizers,
@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
-DATA=${1:-${ADAFUSE_SHARED_DATA:-../shared/data}}
+DATA=${1:-${ADAFUSE_DATA_DIR:-../shared/data}}
 PACKAGE=gpu_package
 LIMIT_MIB=60
 # transformers >= 5.23 and what its requirements need beyond the image (each wheel's Requires-Dist:
