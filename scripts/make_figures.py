@@ -214,7 +214,7 @@ def figures(runs: list[Run], kind: str, resamples: int, runtime_tasks: list[str]
     out["diversity"] = (
         diversity(runs, kind, resamples, shared),
         lambda f, ax: draw_bars(f, "branches from", "value", ax, _metric_label(f), err="se"),
-        "The B branches: distinct first tokens vs a word-level beam search (Figure 7)",
+        "Branches: distinct first tokens vs word beam search (Figure 7)",
     )
     timed = runtime(runs, shared, runtime_tasks)
     commits = ", ".join(sha[:7] for sha in sorted(set(timed["git_sha"]))) if not timed.empty else ""
