@@ -21,6 +21,7 @@ from tqdm import tqdm
 from adafuse.config import AdaFuseConfig
 from adafuse.errors import ConfigError
 from conf.compose import CONF_DIR, compose_run
+from conf.schema import check_pair_name
 from eval.results import read_predictions
 from eval.runner import settings_of
 from eval.tasks import Task, resolve_data_dir
@@ -185,6 +186,7 @@ def plan(sweep_list: list[Sweep], command_line: list[str]) -> list[Sweep]:
     jobs = [(sweep, job) for sweep in sweep_list for job in sweep.jobs()]
     for sweep, job in tqdm(jobs, desc="grid: planning", unit="run"):
         cfg = compose_run(*job, hydra=True)
+        check_pair_name(cfg.model_pair.name, cfg.hydra.runtime.choices.get("model_pair"))
         run_dir = Path(cfg.hydra.run.dir).absolute()
         with open_dict(cfg):
             del cfg["hydra"]
