@@ -15,6 +15,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf, open_dict
 from tqdm import tqdm
 
@@ -65,13 +66,15 @@ class GridConf:
                 )
 
 
-def load_grid(name: str) -> GridConf:
-    """conf/grid/<name>.yaml, typed: an unknown key or knob, or a default value among the ablations, is refused."""
-    if not (GRIDS / f"{name}.yaml").is_file():
-        known = ", ".join(sorted(p.stem for p in GRIDS.glob("*.yaml")))
-        raise ConfigError(f"no grid {name!r} in {GRIDS}; the grids: {known}")
-    with initialize_config_dir(config_dir=str(GRIDS), version_base="1.3"):
-        values = compose(name)
+def load_grid(name: str, searchpath: list[str] = ()) -> GridConf:
+    """grid/<name>.yaml of conf/, or of a folder of your own that a `hydra.searchpath=[...]` override of
+    `searchpath` adds, typed: an unknown key or knob, or a default value among the ablations, is refused."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        try:  # not the primary config: Hydra's search path reaches a group option, never a primary config
+            values = compose("grids", overrides=[*searchpath, f"+grid={name}"]).grid
+        except MissingConfigException:
+            known = ", ".join(sorted(p.stem for p in GRIDS.glob("*.yaml")))
+            raise ConfigError(f"no grid {name!r} in conf/grid/ or the search path; conf/grid/ holds: {known}") from None
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GridConf), values))
     except Exception as err:  # OmegaConf's words name the key

@@ -55,7 +55,9 @@ POLL_S = 10  # how often the progress bar reads the run directories while jobs r
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="run.py's overrides for every run (model_pair=..., hydra.*)")
-    parser.add_argument("--grid", default="paper", help="conf/grid/<name>.yaml (default: paper)")
+    parser.add_argument(
+        "--grid", default="paper", help="grid/<name>.yaml of conf/ or of hydra.searchpath's folders (default: paper)"
+    )
     parser.add_argument("--launcher", choices=list(LAUNCHERS), default="slurm", help="default: slurm (GPU nodes)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     parser.add_argument("--limit", type=int, help="score the first N examples of every task (default: the grid's)")
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         if not any(o.split("=")[0] == "results_dir" for o in args.overrides):
             args.overrides.append(f"results_dir=results/grid_{pair}")
         command_line = [*LAUNCHERS[args.launcher], *args.overrides]
-        grid = load_grid(args.grid)
+        grid = load_grid(args.grid, [o for o in args.overrides if o.startswith("hydra.searchpath=")])
         planned = plan(sweeps(grid, parts, len(base.model_pair.members), args.limit), command_line)
     except (AdaFuseError, HydraException) as err:
         sys.exit(f"run_grid: {err}")
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     for run in runs:
         read_state(run)
     left = [r for r in runs if not r.finished]
-    tables(results, pair)
+    tables(results, pair, runs)
     if failed or left:
         log.error(
             "grid: %d multiruns failed, %d of %d runs unfinished; rerun the command to resume them",
@@ -243,11 +245,14 @@ def _finished(run: Run) -> bool:
     return run.finished
 
 
-def tables(results: Path, pair: str) -> None:
-    """Table 1 (standard metrics; the paper_* replicas beside the paper's rows) and the figures of this pair's runs."""
+def tables(results: Path, pair: str, runs: list[Run]) -> None:
+    """Table 1 (standard metrics; the paper_* replicas beside the paper's rows, where a task has them) and the
+    figures of this pair's runs."""
+    scored = [json.loads((r.run_dir / "metrics.json").read_text()) for r in runs if r.finished]
+    replicas = any(name.startswith("paper_") for m in scored for name in m["metrics"])
     for script, extra in [
         ("make_table", []),
-        ("make_table", ["--metric", "paper", "--paper"]),
+        *([("make_table", ["--metric", "paper", "--paper"])] if replicas else []),
         ("make_figures", []),
     ]:
         command = [sys.executable, str(ROOT / "scripts" / f"{script}.py"), str(results), "--pair", pair, *extra]

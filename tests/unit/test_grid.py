@@ -47,7 +47,9 @@ def test_an_ablation_of_the_default_or_of_no_knob_is_refused(knobs, phrase):
 
 
 def test_a_grid_that_does_not_exist_lists_the_grids():
-    with pytest.raises(ConfigError, match="no grid 'nope'.*the grids: cpu, paper"):
+    with pytest.raises(
+        ConfigError, match="no grid 'nope' in conf/grid/ or the search path; conf/grid/ holds: cpu, paper"
+    ):
         load_grid("nope")
 
 
