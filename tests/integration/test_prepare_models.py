@@ -62,7 +62,8 @@ def test_the_paper_pair_is_fetched_once_from_the_hub_and_its_runs_read_it_offlin
         snapshot = Path(lines[name].split(" in ", 1)[1])
         files = {p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()}
         served = {p.relative_to(repos[repo]).as_posix() for p in repos[repo].rglob("*") if p.is_file()}
-        assert files == served - set(UNREAD[name]) - {"adafuse_shape.json", "README.md"}, "only configs, weights and tokenizer"
+        unread = {*UNREAD[name], "adafuse_shape.json", "README.md"}
+        assert files == served - unread, "configs, weights and tokenizer files only"
     assert lines["pairrm"].startswith(f"{PAIRRM} in ")
 
     offline = env | {"HF_HUB_OFFLINE": "1"}
