@@ -4,7 +4,7 @@ every run as a job, then the tables and the figures from the runs it wrote.
     python scripts/run_grid.py model_pair=llama_mistral --dry-run                  # the plan alone: nothing runs
     python scripts/run_grid.py model_pair=llama_mistral hydra.launcher.partition=gpu   # SLURM, a GPU node per run
     python scripts/run_grid.py --launcher slurm_cpu --grid cpu                     # the bundled pair on CPU nodes
-    python scripts/run_grid.py --launcher process --limit 20 model_pair=llama_mistral   # every run in this process
+    python scripts/run_grid.py --launcher process --limit 20 model_pair=llama_mistral   # no cluster: on this machine
     python scripts/run_grid.py --parts ablations --limit 200 model_pair=llama_mistral   # the ablations alone
 
 What runs: conf/grid/<--grid>.yaml (default `paper`: every example of the six tasks; `cpu`: the slices of
@@ -13,7 +13,7 @@ setting that can change a prediction enters every run id). First the plan: each 
 and what it holds, and the hours left where runs of the same task and method on this pair have measured them.
 Then, unless --dry-run: scripts/prepare_models.py fetches the pair (and PairRM, for protocol=paper's
 LLM-Blender) into the Hugging Face cache; the jobs read it offline (HF_HUB_OFFLINE=1). Each multirun is run by
-`run.py -m`, all at once through the SLURM launchers, one after the other in this process with `process`.
+`run.py -m`, all at once through the SLURM launchers, one after the other on this machine with `process`.
 A progress bar counts finished runs. Last, scripts/make_table.py (standard metrics; paper_* beside the paper's
 rows) and scripts/make_figures.py read the results folder for this pair.
 
@@ -47,7 +47,7 @@ log = logging.getLogger("run_grid")
 LAUNCHERS = {
     "slurm": ["hydra/launcher=slurm", "progress=false"],  # conf/hydra/launcher/slurm.yaml: a GPU per job
     "slurm_cpu": ["hydra/launcher=slurm_cpu", "threads=1", "progress=false"],  # a core per job
-    "process": [],  # Hydra's basic launcher: every run in this process, one pair loaded once
+    "process": [],  # Hydra's basic launcher: a multirun's runs in one process, the pair loaded once for them
 }
 POLL_S = 10  # how often the progress bar reads the run directories while jobs run
 
@@ -124,7 +124,7 @@ def print_plan(planned: list[Sweep], base, launcher: str, pair: str, results: Pa
     print(f"Grid for model pair {pair}: {models}")
     settings = OmegaConf.select(base, "hydra.launcher") if launcher != "process" else None
     if settings is None:
-        print("Launcher: process (Hydra's basic launcher): every run in this process, one after the other")
+        print("Launcher: process (Hydra's basic launcher): each multirun's runs in one process, one after the other")
     else:
         job = f"{settings.gpus_per_node or 0} GPU, {settings.cpus_per_task} CPUs, {settings.mem_gb} GB"
         print(
@@ -177,21 +177,14 @@ def prepare(overrides: list[str], grid, parts: list[str]) -> None:
 
 
 def run_here(multiruns: list[tuple[Sweep, list[str]]], stamp: str) -> list[str]:
-    """Each multirun through run.py in this process (Hydra's basic launcher); the failed ones' overrides."""
-    sys.path.insert(0, str(ROOT))
-    import run
-
-    failed, argv = [], sys.argv
+    """Each multirun by `run.py -m` on this machine, one after the other, its runs in its one process (Hydra's basic
+    launcher); the failed ones' overrides."""
+    failed = []
     for i, (sweep, overrides) in enumerate(multiruns):
         log.info("grid: multirun %d of %d [%s]: %s", i + 1, len(multiruns), sweep.part, " ".join(overrides))
-        sys.argv = ["run.py", "-m", f"hydra.sweep.dir=multirun/grid/{stamp}/{i}", *overrides]
-        try:
-            run.cli()
-        except SystemExit as stopped:
-            if stopped.code:
-                failed.append(" ".join(overrides))
-        finally:
-            sys.argv = argv
+        command = [sys.executable, str(ROOT / "run.py"), "-m", f"hydra.sweep.dir=multirun/grid/{stamp}/{i}", *overrides]
+        if subprocess.run(command).returncode:
+            failed.append(" ".join(overrides))
     return failed
 
 

@@ -18,15 +18,13 @@ from tests.support.paths import ROOT, SHARED_DATA
 
 pytestmark = pytest.mark.slow
 
-# The peak resident memory of `run.py` run as its command line would, printed in bytes as the process exits.
+# The peak resident memory of `python run.py ...`, run by a process that runs nothing else and reads its one child's
+# peak (RUSAGE_CHILDREN), printed in bytes.
 PEAK_OF_RUN = """
-import os, resource, runpy, sys
-sys.argv = sys.argv[1:]
-sys.path.insert(0, os.path.dirname(sys.argv[0]))  # as `python run.py` puts the script's folder first
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-finally:
-    print("peak_rss_bytes", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, flush=True)
+import resource, subprocess, sys
+done = subprocess.run([sys.executable, *sys.argv[1:]])
+print("peak_rss_bytes", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, flush=True)
+sys.exit(done.returncode)
 """
 DTYPES = "model_pair.members.m0.dtype=float32,bfloat16,float16"
 TOLERANCE = 0.2e9  # what decoding a second example and Python's own growth may add

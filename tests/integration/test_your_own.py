@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.integration.test_docs import blocks
+from tests.support.docs import blocks
 from tests.support.paths import ROOT, SHARED_DATA
 
 pytestmark = pytest.mark.slow
