@@ -77,9 +77,9 @@ def load_grid(name: str, searchpath: list[str] = ()) -> GridConf:
             raise ConfigError(f"no grid {name!r} in conf/grid/ or the search path; conf/grid/ holds: {known}") from None
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GridConf), values))
-    except Exception as err:  # OmegaConf's words name the key
-        if isinstance(err, ConfigError):
-            raise
+    except ConfigError:  # GridConf's own checks
+        raise
+    except Exception as err:  # OmegaConf's, whose words name the key
         raise ConfigError(f"grid {name!r}: {err}") from None
 
 

@@ -43,7 +43,7 @@ from eval.grid import PARTS, Run, Sweep, check_command_line, estimate, load_grid
 ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("run_grid")
 
-# The launchers: the overrides they add to every run, and the device their jobs decode on.
+# The launchers, by the overrides they add to every run.
 LAUNCHERS = {
     "slurm": ["hydra/launcher=slurm", "progress=false"],  # conf/hydra/launcher/slurm.yaml: a GPU per job
     "slurm_cpu": ["hydra/launcher=slurm_cpu", "threads=1", "progress=false"],  # a core per job
@@ -86,22 +86,23 @@ def main(argv: list[str] | None = None) -> int:
     except (AdaFuseError, HydraException) as err:
         sys.exit(f"run_grid: {err}")
     results = Path(compose_run(*command_line).results_dir).absolute()
-    print_plan(planned, base, args.launcher, pair, results)
+    print_plan(planned, base, args.launcher, pair, results, args.pack)
     if args.dry_run:
         return 0
 
     if args.launcher != "process" and shutil.which("sbatch") is None:
         sys.exit("run_grid: no SLURM here (sbatch is not on PATH); run with --launcher process, or on the cluster")
-    prepare(args.overrides, grid, parts)
-    if args.launcher != "process":
-        os.environ["HF_HUB_OFFLINE"] = "1"  # the jobs inherit it: they read the cache prepare_models filled
     multiruns = [(s, overrides) for s in planned for overrides in s.multiruns() if not all(r.finished for r in s.runs)]
-    stamp = time.strftime("%Y-%m-%d/%H-%M-%S")
-    if args.launcher == "process":
-        failed = run_here(multiruns, stamp)
-    else:
-        failed = run_on_cluster(multiruns, stamp, [r for s in planned for r in s.runs], args.pack)
     runs = [r for s in planned for r in s.runs]
+    failed = []
+    if multiruns:
+        prepare(args.overrides, grid, parts)
+        os.environ["HF_HUB_OFFLINE"] = "1"  # the runs, and the jobs that inherit it, read the cache prepare filled
+        stamp = time.strftime("%Y-%m-%d/%H-%M-%S")
+        if args.launcher == "process":
+            failed = run_here(multiruns, stamp)
+        else:
+            failed = run_on_cluster(multiruns, stamp, runs, args.pack)
     for run in runs:
         read_state(run)
     left = [r for r in runs if not r.finished]
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def print_plan(planned: list[Sweep], base, launcher: str, pair: str, results: Path) -> None:
+def print_plan(planned: list[Sweep], base, launcher: str, pair: str, results: Path, pack: bool) -> None:
     runs = [r for s in planned for r in s.runs]
     models = ", ".join(f"{m.name} ({m.path or m.bundle})" for m in base.model_pair.members.values())
     print(f"Grid for model pair {pair}: {models}")
@@ -128,8 +129,8 @@ def print_plan(planned: list[Sweep], base, launcher: str, pair: str, results: Pa
     else:
         job = f"{settings.gpus_per_node or 0} GPU, {settings.cpus_per_task} CPUs, {settings.mem_gb} GB"
         print(
-            f"Launcher: {launcher}, one SLURM job per run: {job}, {settings.timeout_min} min, "
-            f"partition {settings.partition or 'the default'} (hydra.launcher.*)"
+            f"Launcher: {launcher}, one SLURM job per {'multirun' if pack else 'run'}: {job}, "
+            f"{settings.timeout_min} min, partition {settings.partition or 'the default'} (hydra.launcher.*)"
         )
     print(f"Results: {results}/<task>/<method>/{pair}/<run id>")
     for sweep in planned:
