@@ -24,7 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from adafuse.errors import AdaFuseError
-from conf.schema import register
+from conf.schema import check_pair_name, register
 from eval.results import writable_dir
 from eval.runner import main
 
@@ -96,6 +96,7 @@ def write_hydra_records(cfg: DictConfig, run_dir: Path) -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def cli(cfg: DictConfig) -> float | None:
+    check_pair_name(cfg.model_pair.name, HydraConfig.get().runtime.choices.get("model_pair"))
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     metrics = main(cfg, run_dir, admitted=lambda: write_hydra_records(cfg, run_dir))
     log.info("results in %s", run_dir)

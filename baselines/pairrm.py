@@ -206,6 +206,23 @@ def _download(repo: str) -> Path:
     return where
 
 
+def fetch_pairrm(path: str) -> Path:
+    """PairRM's checkpoint from the hub (or a local directory, checked), and for llm-blender/PairRM's layout the
+    config of the backbone it names, into the Hugging Face cache once (scripts/prepare_models.py): what
+    `load_pairrm` reads, then read offline. Returns the checkpoint's folder."""
+    from transformers import AutoConfig
+
+    directory = Path(path).expanduser() if _is_local(path) else _download(path)
+    check_pairrm_path(str(directory))
+    kind, config = _checkpoint_kind(directory)
+    if kind == "ranker":
+        try:
+            AutoConfig.from_pretrained(config["model_name"])
+        except Exception as e:
+            raise ModelFileError(f"PairRM backbone {config.get('model_name')!r} could not be fetched: {e}") from e
+    return directory
+
+
 def load_pairrm(path: str, device: str | torch.device = "cpu") -> PairRanker:
     """Load PairRM from a local directory or a hub id; a directory without a PairRM checkpoint is a ConfigError."""
     from transformers import AutoConfig, AutoTokenizer, DebertaV2Config

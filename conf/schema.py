@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass, field, fields, make_dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -168,6 +169,23 @@ class RunConf:
             raise ConfigError(f"threads must be >= 1 (or null for torch's default), got {self.threads}")
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
+PAIRS = Path(__file__).resolve().parent / "model_pair"
+
+
+def check_pair_name(name: str, chosen: str | None) -> None:
+    """ConfigError if the pair chosen as `model_pair=<chosen>` names itself after another pair of conf/model_pair (a
+    copied file whose `name:` was left as it was): its runs would write into that pair's folders,
+    results/<task>/<method>/<name>/, and resume or refuse that pair's runs as their own. A name of its own, or the
+    name of the pair it is (`model_pair.name=...` renames a pair's runs), passes."""
+    if chosen is None or name == chosen or not (PAIRS / f"{name}.yaml").is_file():
+        return
+    raise ConfigError(
+        f"model_pair={chosen} is named {name!r}, the name of conf/model_pair/{name}.yaml: its runs would write into "
+        f"that pair's results (results/<task>/<method>/{name}/). Give it a name of its own, e.g. name: {chosen} in "
+        f"its file, or model_pair.name=... on the command line"
+    )
 
 
 def method_schema(name: str) -> type:

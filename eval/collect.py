@@ -129,3 +129,15 @@ def shared_settings(runs: list[Run]) -> list[str]:
         return []
     shared = set.intersection(*(set(r.overrides) for r in runs))
     return sorted(o for o in shared if not o.startswith("method."))
+
+
+def shared_by_task(runs: list[Run]) -> dict[str, list[str]]:
+    """Per task, the overrides every run has (`shared_settings`) and the task.* settings every run of the task has
+    (a task read from your own file: task.path=FILE): they name a column, never a row of a table or a point of a
+    figure."""
+    everyone = shared_settings(runs)
+    out = {}
+    for task in {r.task for r in runs}:
+        common = set.intersection(*(set(r.overrides) for r in runs if r.task == task))
+        out[task] = everyone + sorted(o for o in common if o.startswith("task.") and o not in everyone)
+    return out

@@ -53,7 +53,8 @@ class AdaFuseLM(LM):
         """`pair` (a conf/model_pair name, default tiny) or `models` (conf/model names joined by '+');
         `knobs`: the method's settings (adafuse/config.py, baselines/), checked against its dataclass.
         `device` (lm_eval's --device, whose default is cuda) overrides every model's where torch can use it
-        (as lm_eval's `hf` model, which falls back likewise); `max_batch_size` (lm_eval's) is unused."""
+        (as lm_eval's `hf` model, which falls back likewise): see `on_device`; `max_batch_size` (lm_eval's) is
+        unused."""
         super().__init__()
         spec = METHODS[method]  # an unknown name lists the registered methods
         valid = {f.name for f in dataclasses.fields(spec.config)}
@@ -67,7 +68,7 @@ class AdaFuseLM(LM):
         self.method = spec.config(**knobs)
         configs = model_configs(pair, models)
         if device is not None and _usable(device):
-            configs = [dataclasses.replace(c, device=device) for c in configs]
+            configs = on_device(configs, device)
         self.batch_size = _batch_size(batch_size)
         self.batch_exact = bool(batch_exact)
         if threads:
@@ -108,6 +109,15 @@ class AdaFuseLM(LM):
         for request, result in zip(requests, results):
             self.cache_hook.add_partial("loglikelihood_rolling", request.args, result)
         return results
+
+
+def on_device(configs: list, device: str) -> list:
+    """The pair placed by lm_eval's --device as run.py places it: a device type alone (`cuda`, lm_eval's default)
+    puts member k on the k-th visible GPU, as `device: auto` does; a device with its index (`cuda:1`) or the CPU puts
+    every member there."""
+    kind = torch.device(device)
+    placed = "auto" if kind.type == "cuda" and kind.index is None else device
+    return [dataclasses.replace(c, device=placed) for c in configs]
 
 
 def _usable(device: str) -> bool:

@@ -2,6 +2,7 @@
 a data folder of this machine (docs/lm_eval.md):
 
     adafuse-lm-eval-tasks lm_tasks --data-dir ../shared/data      # then: --include_path lm_tasks
+    adafuse-lm-eval-tasks lm_tasks --tasks custom task.path=mine.jsonl   # any task of conf/task, run.py's overrides
 
 The data folder's location differs per machine, so its tasks are written, not shipped: per benchmark a
 `adafuse_<name>.yaml` and the examples as JSON lines (`dataset_path: json` with local `data_files`), read
@@ -10,7 +11,8 @@ FLORES's aligned text files). The prompt is exactly the runner's (`Task.prompt`,
 the instruction and the fixed few-shot exemplars (or under `--variant paper` the authors' prompt file) are
 the task's `description`, the query template its `doc_to_text`. Scorers are lm_eval's own: exact match
 for the QA tasks and GSM8K (filters below), sacrebleu's BLEU and chrF for FLORES. All six carry the tag
-`adafuse`, so `--tasks adafuse` runs every one.
+`adafuse`, so `--tasks adafuse` runs every one. Any other task of conf/task (your own, or `custom` with its
+`task.path`) is written the same way, with run.py's overrides after the flags.
 """
 
 import argparse
@@ -21,11 +23,11 @@ from pathlib import Path
 import yaml
 
 from adafuse.errors import ConfigError
-from conf.compose import compose_run
+from conf.compose import CONF_DIR, compose_run
 from eval.runner import settings_of
 from eval.tasks import VARIANTS, Task, resolve_data_dir
 
-TASKS = ("nq", "triviaqa", "squad", "gsm8k", "flores_en_de", "flores_de_en")
+TASKS = ("nq", "triviaqa", "squad", "gsm8k", "flores_en_de", "flores_de_en")  # the default: the paper's six
 TAG = "adafuse"
 
 # lm_eval's stock nq_open/triviaqa scoring: the first line without leading whitespace, compared with every
@@ -107,10 +109,13 @@ def raw_jinja(text: str) -> str:
     return "{% raw %}" + text + "{% endraw %}" if text else ""
 
 
-def write_task(name: str, data_dir: str, out: Path, variant: str = "canonical", limit: int | None = None) -> Path:
-    """Write adafuse_<name>.yaml and its first `limit` examples (all: None) under `out`; returns the YAML's path."""
-    overrides = [f"task={name}", f"data.dir={data_dir}", f"data.variant={variant}", f"task.limit={limit or 'null'}"]
-    settings = settings_of(compose_run(*overrides))
+def write_task(
+    name: str, data_dir: str, out: Path, variant: str = "canonical", limit: int | None = None, overrides=()
+) -> Path:
+    """Write adafuse_<name>.yaml and its first `limit` examples (all: None) under `out`, the task composed with
+    run.py's `overrides` too; returns the YAML's path."""
+    own = [f"task={name}", f"data.dir={data_dir}", f"data.variant={variant}", f"task.limit={limit or 'null'}"]
+    settings = settings_of(compose_run(*own, *overrides))
     task = Task(settings.task, settings.data)
     prefix, query = task.preamble, task.query
     examples = out / "data" / f"{TAG}_{name}.jsonl"
@@ -159,7 +164,12 @@ _Dumper.add_representer(str, _text)
 
 
 def write_tasks(
-    out: Path, data_dir: str | None = None, variant: str = "canonical", tasks=TASKS, limit: int | None = None
+    out: Path,
+    data_dir: str | None = None,
+    variant: str = "canonical",
+    tasks=TASKS,
+    limit: int | None = None,
+    overrides=(),
 ) -> list[Path]:
     data_dir = resolve_data_dir(data_dir or "auto")
     if data_dir is None:
@@ -168,7 +178,7 @@ def write_tasks(
     if variant not in VARIANTS:
         raise ConfigError(f"variant must be one of {VARIANTS}, got {variant!r}")
     out = Path(out)
-    return [write_task(name, data_dir, out, variant, limit) for name in tasks]
+    return [write_task(name, data_dir, out, variant, limit, overrides) for name in tasks]
 
 
 def main(argv=None) -> None:
@@ -176,14 +186,18 @@ def main(argv=None) -> None:
     parser.add_argument("out", type=Path, help="folder to write the tasks into (lm_eval's --include_path)")
     parser.add_argument("--data-dir", help="the benchmark data (default: $ADAFUSE_DATA_DIR, else ../shared/data)")
     parser.add_argument("--variant", default="canonical", choices=VARIANTS, help="paper: the authors' own files")
-    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated subset of {','.join(TASKS)}")
+    parser.add_argument(
+        "--tasks", default=",".join(TASKS), help=f"comma-separated tasks of conf/task (default: {','.join(TASKS)})"
+    )
     parser.add_argument("--limit", type=int, help="write only the first N examples of each task (default: all)")
-    args = parser.parse_args(argv)
+    parser.add_argument("overrides", nargs="*", help="run.py's overrides for every task (task.path=FILE for custom)")
+    args = parser.parse_intermixed_args(argv)
     names = [t for t in args.tasks.split(",") if t]
-    unknown = sorted(set(names) - set(TASKS))
+    known = sorted(p.stem for p in (CONF_DIR / "task").glob("*.yaml"))
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        parser.error(f"unknown task(s) {', '.join(unknown)}; valid: {', '.join(TASKS)}")
-    for path in write_tasks(args.out, args.data_dir, args.variant, names, args.limit):
+        parser.error(f"unknown task(s) {', '.join(unknown)}; valid: {', '.join(known)}")
+    for path in write_tasks(args.out, args.data_dir, args.variant, names, args.limit, args.overrides):
         print(path)
 
 

@@ -169,7 +169,7 @@ def flores101_bleu(effective_order: bool = False) -> BLEU:
     if not spbleu_available():
         raise FileNotFoundError(
             f"spBLEU needs the flores101 SentencePiece model at {spm_model_path()}; "
-            "this harness never downloads it, so copy the file there to enable spbleu"
+            "a run never downloads it: python scripts/prepare_data.py DATA_DIR fetches it once (or copy the file there)"
         )
     return _loaded_flores101_bleu(effective_order)
 

@@ -30,7 +30,7 @@ from adafuse.config import ModelConfig
 from adafuse.errors import ConfigError, ContextLengthError, ModelFileError, UnknownNameError
 from adafuse.methods import METHODS
 from conf.compose import compose_run
-from conf.schema import batch_invariant, check_known_keys, saved_config
+from conf.schema import batch_invariant, check_known_keys, check_pair_name, saved_config
 from eval.data import Example
 from eval.hub import describe, hub_commit
 from eval.results import RunDir, git_sha
@@ -62,7 +62,9 @@ def model_configs(pair: str | None, models: str | None) -> list[ModelConfig]:
     pair = pair or "tiny"
     if not (MODEL_PAIRS / f"{pair}.yaml").is_file():
         raise UnknownNameError("model pair", pair, [p.stem for p in MODEL_PAIRS.glob("*.yaml")])
-    return list(settings_of(compose_run(f"model_pair={pair}")).model_pair.members.values())
+    settings = settings_of(compose_run(f"model_pair={pair}"))
+    check_pair_name(settings.model_pair.name, pair)
+    return list(settings.model_pair.members.values())
 
 
 def main(cfg: DictConfig, run_dir: Path, admitted: Callable[[], None] | None = None) -> dict | None:

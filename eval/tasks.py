@@ -41,7 +41,10 @@ class Task:
         # Reported name -> why the task does not compute it here (metrics.json records it).
         self.skipped: dict[str, str] = {}
         if "spbleu" in cfg.metrics.values() and not spbleu_available():
-            why = f"the flores101 SentencePiece model is not at {spm_model_path()} (this harness never downloads it)"
+            why = (
+                f"the flores101 SentencePiece model is not at {spm_model_path()} (a run never downloads it: "
+                "scripts/prepare_data.py fetches it once)"
+            )
             self.skipped = {r: why for r, key in cfg.metrics.items() if key == "spbleu"}
             self.metrics = {r: m for r, m in self.metrics.items() if r not in self.skipped}
         # What the task read (config.yaml's `source`: a resume with other data is refused, eval/results.py)

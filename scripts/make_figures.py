@@ -1,19 +1,25 @@
 """The paper's ablation figures from the runs below a results directory: a PNG and the CSV behind it each.
 
-    python scripts/make_figures.py results            # writes results/figures/*.png and *.csv
+    python scripts/make_figures.py results/grid_llama_mistral   # writes results/grid_llama_mistral/figures/*
 
-    tau.png              accuracy vs τΔ, one line per task          (python run.py -m method.tau=0.3,0.5,0.7,0.9)
-    branches.png         accuracy vs B, the paper's Figure 4        (python run.py -m method.branches=1,2,3,4)
-    max_words.png        accuracy vs M                              (python run.py -m method.max_words=1,2,3,4)
-    fixed_words.png      adaptive vs fixed-length commitment, Figure 2  (python run.py -m method.fixed_words=1,2,3)
+    tau.png              accuracy vs τΔ, one line per task          (run.py -m method.tau=0.1,0.3,0.5,0.9)
+    branches.png         accuracy vs B, the paper's Figure 4        (run.py -m method.branches=1,2,4,5)
+    max_words.png        accuracy vs M                              (run.py -m method.max_words=1,2,4)
+    fixed_words.png      adaptive vs fixed-length commitment, Figure 2  (run.py -m method.fixed_words=1,2,3)
+    diversity.png        distinct first tokens vs a word-level beam search for the B branches, Figure 7
+                                                                    (run.py method.diversity=false)
     words_per_round.png  words committed per round by task, Figure 3 (AdaFuse's default runs)
     runtime.png          seconds per example by method, Figure 5    (each method's default run)
 
 A sweep of one knob is the AdaFuse runs whose other knobs are the defaults and whose run id holds
-nothing but method settings; the default run is every sweep's middle point. The points of a sweep
-are scored on the examples all of them decoded (a default run over Table 1's 100 examples beside
-sweep points over the first 50 counts its first 50), and the CSV's n says how many. Accuracy is
-each task's primary metric (--metric paper: its paper_* replica), with bootstrap standard errors.
+nothing but method settings; the default run (τΔ 0.7, B 3, M 3, adaptive, distinct first tokens) is every
+sweep's middle point, so a sweep leaves it out (scripts/run_grid.py does). The points of a sweep are scored on
+the examples all of them decoded (a default run over Table 1's 100 examples beside sweep points over the first
+50 counts its first 50), and the CSV's n says how many. Accuracy is each task's primary metric (--metric paper:
+its paper_* replica), with bootstrap standard errors. Every task of the results is drawn, the paper's six in the
+paper's order and any other after them. The runtime figure states the batch size its runs decoded at: a run's
+seconds per example are its decoding time over its examples, and at a batch size above 1 examples overlap, so a
+bar is what an example costs in a batch, not how long one takes alone (the paper's Figure 5, at batch size 1).
 A figure the results hold no runs for is skipped, with a line in the log.
 """
 
@@ -31,7 +37,7 @@ import pandas as pd  # noqa: E402
 
 from adafuse.config import AdaFuseConfig
 from eval.bootstrap import RESAMPLES, standard_error, value_on
-from eval.collect import NAMED_KNOBS, Run, runs_of_pair, shared_settings
+from eval.collect import NAMED_KNOBS, Run, runs_of_pair, shared_by_task, shared_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,13 +53,20 @@ TASKS = {
 }
 DEFAULTS = asdict(AdaFuseConfig())
 KNOBS = {"tau": "τΔ", "branches": "B (branches)", "max_words": "M (max words per round)"}
+BRANCHING = {True: "distinct first tokens", False: "word-level beam search"}  # diversity's two values, as named
 
 
-def own_overrides(run: Run, shared: list[str]) -> list[str]:
-    return [o for o in run.overrides if o not in shared]
+def task_order(tasks) -> list[str]:
+    """The paper's six in its column order, then any other task, by name."""
+    present = set(tasks)
+    return [t for t in TASKS if t in present] + sorted(present - set(TASKS))
 
 
-def varies_only(run: Run, knob: str, shared: list[str]) -> bool:
+def own_overrides(run: Run, shared: dict[str, list[str]]) -> list[str]:
+    return [o for o in run.overrides if o not in shared[run.task]]
+
+
+def varies_only(run: Run, knob: str, shared: dict[str, list[str]]) -> bool:
     """An AdaFuse run whose knobs are the defaults except `knob`, and whose run id sets nothing else
     (but what every run shares)."""
     if run.method != "adafuse" or not all(o.startswith("method.") for o in own_overrides(run, shared)):
@@ -64,7 +77,7 @@ def varies_only(run: Run, knob: str, shared: list[str]) -> bool:
 def on_shared_examples(points: list[tuple[Run, dict]], kind: str, resamples: int) -> list[dict]:
     """One row per (run, columns): the run's accuracy on the examples that every run of its task scored."""
     rows = []
-    for task in dict.fromkeys(r.task for r, _ in points):
+    for task in task_order(r.task for r, _ in points):
         runs = [(r, columns) for r, columns in points if r.task == task]
         common = set.intersection(*(set(r.ids) for r, _ in runs))
         ids = [i for i in runs[0][0].ids if i in common]
@@ -78,7 +91,7 @@ def on_shared_examples(points: list[tuple[Run, dict]], kind: str, resamples: int
 # ---- one function per figure: (the CSV's rows, a function that draws them) ------------------------
 
 
-def knob_sweep(runs: list[Run], knob: str, kind: str, resamples: int, shared: list[str]) -> pd.DataFrame:
+def knob_sweep(runs: list[Run], knob: str, kind: str, resamples: int, shared: dict[str, list[str]]) -> pd.DataFrame:
     points = [(r, {knob: r.metrics["method"][knob]}) for r in runs if varies_only(r, knob, shared)]
     rows = on_shared_examples(points, kind, resamples)
     return _swept(pd.DataFrame(rows), knob).sort_values(["task", knob]) if rows else pd.DataFrame()
@@ -96,7 +109,7 @@ def _metric_label(frame: pd.DataFrame) -> str:
     return f"{'/'.join(sorted(frame['metric'].unique()))} (± bootstrap SE)"
 
 
-def fixed_words(runs: list[Run], kind: str, resamples: int, shared: list[str]) -> pd.DataFrame:
+def fixed_words(runs: list[Run], kind: str, resamples: int, shared: dict[str, list[str]]) -> pd.DataFrame:
     points = []
     for r in runs:
         if varies_only(r, "fixed_words", shared):
@@ -106,6 +119,16 @@ def fixed_words(runs: list[Run], kind: str, resamples: int, shared: list[str]) -
     return _swept(pd.DataFrame(rows), "commitment").sort_values(["task", "commitment"]) if rows else pd.DataFrame()
 
 
+def diversity(runs: list[Run], kind: str, resamples: int, shared: dict[str, list[str]]) -> pd.DataFrame:
+    points = [
+        (r, {"branches from": BRANCHING[r.metrics["method"]["diversity"]]})
+        for r in runs
+        if varies_only(r, "diversity", shared)
+    ]
+    rows = on_shared_examples(points, kind, resamples)
+    return _swept(pd.DataFrame(rows), "branches from") if rows else pd.DataFrame()
+
+
 def _swept(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     """The tasks with at least two values of `column`: a default run alone is no sweep."""
     return frame[frame.groupby("task")[column].transform("nunique") >= 2]
@@ -113,7 +136,7 @@ def _swept(frame: pd.DataFrame, column: str) -> pd.DataFrame:
 
 def draw_bars(frame: pd.DataFrame, group: str, value: str, ax, ylabel: str, err: str | None = None) -> None:
     """Grouped bars: one group per task, one bar per value of `group`."""
-    order = [t for t in TASKS if t in set(frame["task"])]  # the paper's column order
+    order = task_order(frame["task"])
     table = frame.pivot_table(index="task", columns=group, values=value, sort=False).reindex(order)
     errors = frame.pivot_table(index="task", columns=group, values=err, sort=False).reindex(order) if err else None
     table.index = [TASKS.get(t, t) for t in table.index]
@@ -125,7 +148,7 @@ def draw_bars(frame: pd.DataFrame, group: str, value: str, ax, ylabel: str, err:
     ax.set_ylabel(ylabel)
 
 
-def words_per_round(runs: list[Run], shared: list[str]) -> pd.DataFrame:
+def words_per_round(runs: list[Run], shared: dict[str, list[str]]) -> pd.DataFrame:
     rows = [
         {"task": r.task, "words": int(words), "fraction": fraction}
         for r in runs
@@ -143,9 +166,9 @@ def method_label(run: Run) -> str:
     return f"{run.method} ({knob} {run.metrics['method'][knob]})" if knob else run.method
 
 
-def runtime(runs: list[Run], shared: list[str], tasks: list[str] | None) -> pd.DataFrame:
-    """Each method's default run's seconds per example, with the commit that timed it: a timing is the
-    engine's of that commit, and the figure's title names them."""
+def runtime(runs: list[Run], shared: dict[str, list[str]], tasks: list[str] | None) -> pd.DataFrame:
+    """Each method's default run's seconds per example, with the commit that timed it and the batch size it
+    decoded at: a timing is the engine's of that commit at that batch size, and the figure's title names them."""
     rows = [
         {
             "task": r.task,
@@ -153,6 +176,7 @@ def runtime(runs: list[Run], shared: list[str], tasks: list[str] | None) -> pd.D
             "seconds_per_example": r.metrics["throughput"]["seconds_per_example"],
             "n": r.metrics["n"],
             "git_sha": r.metrics.get("environment", {}).get("git_sha") or "unknown",
+            "batch_size": r.config.get("batch_size", 1),  # runs from before batching decoded one at a time
         }
         for r in runs
         if all(o.startswith("method.member=") for o in own_overrides(r, shared))  # each method's default run
@@ -161,9 +185,15 @@ def runtime(runs: list[Run], shared: list[str], tasks: list[str] | None) -> pd.D
     return pd.DataFrame(rows)
 
 
+def draw_runtime(frame: pd.DataFrame, ax) -> None:
+    if frame["batch_size"].nunique() > 1:  # bars of several batch sizes: each says its own
+        frame = frame.assign(method=frame["method"] + " (batch " + frame["batch_size"].astype(str) + ")")
+    draw_bars(frame, "method", "seconds_per_example", ax, "seconds per example")
+
+
 def figures(runs: list[Run], kind: str, resamples: int, runtime_tasks: list[str] | None = None) -> dict:
     """{name: (frame, draw(frame, ax), title)} for every figure."""
-    shared = shared_settings(runs)
+    shared = shared_by_task(runs)
     out = {}
     for knob in KNOBS:
         out[knob] = (
@@ -181,12 +211,19 @@ def figures(runs: list[Run], kind: str, resamples: int, runtime_tasks: list[str]
         lambda f, ax: draw_bars(f, "words", "fraction", ax, "fraction of rounds"),
         "Words committed per round (Figure 3)",
     )
+    out["diversity"] = (
+        diversity(runs, kind, resamples, shared),
+        lambda f, ax: draw_bars(f, "branches from", "value", ax, _metric_label(f), err="se"),
+        "Branches: distinct first tokens vs word beam search (Figure 7)",
+    )
     timed = runtime(runs, shared, runtime_tasks)
     commits = ", ".join(sha[:7] for sha in sorted(set(timed["git_sha"]))) if not timed.empty else ""
+    sizes = sorted(set(timed["batch_size"])) if not timed.empty else []
     out["runtime"] = (
         timed,
-        lambda f, ax: draw_bars(f, "method", "seconds_per_example", ax, "seconds per example"),
-        f"Seconds per example (Figure 5), timed at commit {commits}",
+        draw_runtime,
+        f"Seconds per example (Figure 5), timed at commit {commits}, "
+        + (f"batch size {sizes[0]}" if len(sizes) == 1 else "each bar's batch size in its name"),
     )
     return out
 
@@ -200,14 +237,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="folder for the figures (default: RESULTS_DIR/figures)")
     parser.add_argument(
         "--runtime-tasks",
-        help="comma-separated tasks for runtime.png (default: all); a run decoded with batch_size > 1 records "
-        "each example's time in flight, not its cost, and does not belong there",
+        help="comma-separated tasks for runtime.png (default: all)",
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     runs, pair = runs_of_pair(args.results_dir, args.pair)
-    runs = [r for r in runs if r.task in TASKS]
     runtime_tasks = args.runtime_tasks.split(",") if args.runtime_tasks else None
     out = args.out or args.results_dir / "figures"
     out.mkdir(parents=True, exist_ok=True)

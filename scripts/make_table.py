@@ -6,9 +6,10 @@
     python scripts/make_table.py results --sources          # plus what each run read: data and model commits
 
 One row per single model, baseline and AdaFuse configuration (a run id other than `default` is part
-of the row's name; LLM-Blender's ranker and DeePEn's main member always are), one column per task, and
-the average over tasks. protocol=paper runs (docs/protocol.md) come last and report their
-paper_* metric in every table, so that with --paper they sit right above the paper's published rows.
+of the row's name; LLM-Blender's ranker and DeePEn's main member always are), one column per task (the paper's
+six in its order, then any other task of the results, never left out), and the average over the paper's tasks.
+protocol=paper runs (docs/protocol.md) come last and report their paper_* metric in every table, so that with
+--paper they sit right above the paper's published rows.
 Every cell is the metric ± its bootstrap standard error over examples. The gain rows compare AdaFuse
 (run id `default`) with the best baseline and the best single model of each column, on the examples
 both scored, with a paired bootstrap 95% interval. Column headers give the slice size n and the data variant when all
@@ -30,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from eval.bootstrap import RESAMPLES, Gain, paired_gain, standard_error
-from eval.collect import NAMED_KNOBS, Run, runs_of_pair, shared_settings
+from eval.collect import NAMED_KNOBS, Run, runs_of_pair, shared_by_task, shared_settings
 from eval.metrics import METRICS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,14 +81,16 @@ class Cell:
 KINDS = ("single", "baseline", "adafuse", "protocol")  # row order; protocol: protocol=paper runs, last
 
 
-def row_of(run: Run, shared: list[str]) -> tuple[str, str]:
+def row_of(run: Run, shared: dict[str, list[str]]) -> tuple[str, str]:
     """(kind, name) of the run's row: single rows are named by their model, others by their method; the
     run's overrides follow, less those every run shares, and the knobs of NAMED_KNOBS. protocol=paper runs
-    are a kind of their own: they sit beside the paper's rows and are no one's "best baseline"."""
-    extra = [o for o in run.overrides if o not in shared]
+    are a kind of their own, single models' too: they sit beside the paper's rows, are scored by the paper_*
+    replicas, and are no one's "best baseline" or "best single model"."""
+    extra = [o for o in run.overrides if o not in shared[run.task]]
     if run.method == "single":
         extra = [o for o in extra if not o.startswith("method.member=")]
-        return "single", run.metrics["models"][0] + (f" [{','.join(extra)}]" if extra else "")
+        kind = "protocol" if run.protocol == "paper" else "single"
+        return kind, run.metrics["models"][0] + (f" [{','.join(extra)}]" if extra else "")
     knob = NAMED_KNOBS.get(run.method)
     if knob and not any(o.startswith(f"method.{knob}=") for o in extra):
         extra.append(f"method.{knob}={run.metrics['method'][knob]}")
@@ -101,10 +104,10 @@ def row_of(run: Run, shared: list[str]) -> tuple[str, str]:
 def collect(runs: list[Run], kind: str, resamples: int) -> dict[tuple[str, str], dict[str, Cell]]:
     """{(kind, row name): {task: Cell}}; two runs for one cell are an error, never an average."""
     rows: dict[tuple[str, str], dict[str, Cell]] = {}
-    shared = shared_settings(runs)
+    shared = shared_by_task(runs)
     for run in runs:
         name = run.metric_name(kind)
-        if run.task not in TASKS or name is None:
+        if name is None:
             log.info("%s: skipped (task %s, no %s metric)", run.path, run.task, kind)
             continue
         row = row_of(run, shared)
@@ -145,9 +148,11 @@ def bleu_tokenizers(rows: dict) -> dict[str, str]:
 def ordered(rows: dict) -> list[tuple[str, str]]:
     def key(row):
         kind, name = row
-        method = name.split(" [")[0]
+        method = next(iter(rows[row].values())).run.method
         rank = BASELINES.index(method) if method in BASELINES else len(BASELINES)
-        return (KINDS.index(kind), method != "adafuse", rank, name)
+        # protocol=paper rows in the paper's order too: single models, baselines, AdaFuse
+        group = (method != "single") + (method in ("adafuse", "adafuse_code")) if kind == "protocol" else 0
+        return (KINDS.index(kind), group, method != "adafuse", rank, name)
 
     return sorted(rows, key=key)
 
@@ -162,8 +167,17 @@ def best_average(rows: dict, kind: str, tasks: list[str]) -> dict[str, Cell] | N
     return max(complete, key=lambda cells: np.mean([cells[t].value for t in tasks]), default=None)
 
 
-def gains(rows: dict, tasks: list[str], resamples: int) -> dict[str, dict[str, Gain | None]]:
-    """{"vs best baseline": {task or Avg: Gain}, "vs best single model": ...} for AdaFuse's default run."""
+def columns(rows: dict) -> tuple[list[str], list[str]]:
+    """The table's tasks (the paper's six in its order, then any other, by name) and those its average is over:
+    the paper's, where the table has any, so that the average compares with the paper's; else every task."""
+    present = {task for cells in rows.values() for task in cells}
+    tasks = [t for t in TASKS if t in present] + sorted(present - set(TASKS))
+    return tasks, [t for t in tasks if t in TASKS] or tasks
+
+
+def gains(rows: dict, tasks: list[str], averaged: list[str], resamples: int) -> dict[str, dict[str, Gain | None]]:
+    """{"vs best baseline": {task or Avg: Gain}, "vs best single model": ...} for AdaFuse's default run; the
+    average's over the `averaged` tasks."""
     ours = rows.get(("adafuse", "adafuse"), {})
     out = {}
     for kind, label in (("baseline", "vs best baseline"), ("single", "vs best single model")):
@@ -172,9 +186,9 @@ def gains(rows: dict, tasks: list[str], resamples: int) -> dict[str, dict[str, G
             other = best(rows, kind, task)
             if task in ours and other is not None:
                 row[task] = paired_gain([(ours[task].run, other.run, ours[task].metric)], resamples)
-        others = best_average(rows, kind, tasks)
-        if others is not None and all(t in ours for t in tasks):
-            row[AVERAGE] = paired_gain([(ours[t].run, others[t].run, ours[t].metric) for t in tasks], resamples)
+        others = best_average(rows, kind, averaged)
+        if others is not None and all(t in ours for t in averaged):
+            row[AVERAGE] = paired_gain([(ours[t].run, others[t].run, ours[t].metric) for t in averaged], resamples)
         out[label] = row
     return out
 
@@ -219,16 +233,24 @@ def gain_text(gain: Gain | None, relative: bool) -> str:
     return f"{gain.points:+.1f} [{gain.points_ci[0]:+.1f}, {gain.points_ci[1]:+.1f}]"
 
 
-def frame(rows: dict, tasks: list[str], gain_rows: dict, with_paper: bool) -> pd.DataFrame:
-    """The table as strings: one line per row, one column per task + Avg."""
+def frame(
+    rows: dict, tasks: list[str], averaged: list[str], gain_rows: dict, with_paper: bool, settings: dict | None = None
+) -> pd.DataFrame:
+    """The table as strings: one line per row, one column per task + Avg (over the `averaged` tasks). A column's
+    header names the task, the settings every run of it has beside those of every run (`settings`, e.g. the file
+    of a task of your own) and the slice all its cells share."""
     shared = uniform_slices(rows, tasks)
-    header = {t: TASKS[t] + (f" (n={shared[t][0]}, {shared[t][1]})" if shared[t] else "") for t in tasks}
+    header = {}
+    for t in tasks:
+        own = (settings or {}).get(t)
+        header[t] = TASKS.get(t, t) + (f" [{', '.join(own)}]" if own else "")
+        header[t] += f" (n={shared[t][0]}, {shared[t][1]})" if shared[t] else ""
     lines = {}
 
     def add(row: tuple[str, str]) -> None:
         cells = rows[row]
         lines[row[1]] = {header[t]: cell_text(cells[t], shared[t]) if t in cells else "" for t in tasks}
-        lines[row[1]][AVERAGE] = average_text(cells, tasks)
+        lines[row[1]][AVERAGE] = average_text(cells, averaged)
 
     for row in ordered(rows):
         if row[0] != "protocol":
@@ -244,8 +266,10 @@ def frame(rows: dict, tasks: list[str], gain_rows: dict, with_paper: bool) -> pd
             add(row)
     if with_paper:
         for name, values in PAPER.items():
-            by_task = dict(zip([*TASKS, AVERAGE], values))
-            lines[f"paper: {name}"] = {header.get(t, t): f"{by_task[t]:.2f}" for t in [*tasks, AVERAGE]}
+            by_task = dict(zip([*TASKS, AVERAGE], values))  # a task of the user's own has no paper number
+            lines[f"paper: {name}"] = {
+                header.get(t, t): f"{by_task[t]:.2f}" if t in by_task else "" for t in [*tasks, AVERAGE]
+            }
     return pd.DataFrame.from_dict(lines, orient="index").fillna("")
 
 
@@ -304,7 +328,12 @@ def describe_model_source(model: dict) -> str:
 
 
 def caption(
-    kind: str, resamples: int, shared: list[str], protocol: bool = False, tokenizers: dict[str, str] | None = None
+    kind: str,
+    resamples: int,
+    shared: list[str],
+    protocol: bool = False,
+    tokenizers: dict[str, str] | None = None,
+    unaveraged: list[str] | None = None,
 ) -> str:
     scorer = "the paper_* replicas of the authors' lenient scorers" if kind == "paper" else "standard metrics"
     text = (
@@ -317,6 +346,8 @@ def caption(
             " Rows of protocol=paper runs (the paper's files, prompts, decoder and scorers) report the paper_* "
             "replicas in every table and enter no gain."
         )
+    if unaveraged:
+        text += f" Avg is over the paper's tasks; {', '.join(unaveraged)}, not among them, is not in it."
     recorded = {metric: t for metric, t in (tokenizers or {}).items() if t != NOT_RECORDED}
     if recorded:
         text += " BLEU tokenizers (sacrebleu): " + ", ".join(f"{m} {t}" for m, t in sorted(recorded.items())) + "."
@@ -342,15 +373,18 @@ def main() -> int:
         raise SystemExit(f"no metrics.json below {args.results_dir}")
     rows = collect(runs, args.metric, args.resamples)
     tokenizers = bleu_tokenizers(rows)
-    tasks = [t for t in TASKS if any(t in cells for cells in rows.values())]
+    tasks, averaged = columns(rows)
+    everyone = shared_settings(runs)
+    settings = {task: [o for o in own if o not in everyone] for task, own in shared_by_task(runs).items()}
 
-    gain_rows = gains(rows, tasks, args.resamples)
-    table = frame(rows, tasks, gain_rows, args.paper)
+    gain_rows = gains(rows, tasks, averaged, args.resamples)
+    table = frame(rows, tasks, averaged, gain_rows, args.paper, settings)
     out = args.out or args.results_dir
     out.mkdir(parents=True, exist_ok=True)
     stem = "table1" if args.metric == "standard" else "table1_paper"
     protocol = any(kind == "protocol" for kind, _ in rows)
-    text = caption(args.metric, args.resamples, shared_settings(runs), protocol, tokenizers)
+    unaveraged = [t for t in tasks if t not in averaged]
+    text = caption(args.metric, args.resamples, everyone, protocol, tokenizers, unaveraged)
     (out / f"{stem}.md").write_text(f"{text}\n\n{table.to_markdown()}\n")
     latex = table.to_latex(caption=text, label="tab:table1", column_format="l" + "r" * len(table.columns), escape=True)
     (out / f"{stem}.tex").write_text(latex.replace("±", r"$\pm$").replace("→", r"$\to$"))

@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from adafuse import Request, resolve_method, through_last_blank_line
+from adafuse import ChatPrompt, Request, resolve_method, through_last_blank_line
 from adafuse.errors import ConfigError, UnknownNameError
 from adafuse.methods import METHODS
 
@@ -104,11 +104,12 @@ def parse_completion(body: Any, defaults: Defaults) -> Completion:
 
 
 def parse_chat(body: Any, defaults: Defaults) -> Completion:
-    """A /v1/chat/completions body, checked: one user message, read by every model in its own chat template."""
+    """A /v1/chat/completions body, checked: one user message after any system messages, read by every model in its
+    own chat template."""
     _check_fields(body, CHAT_FIELDS | {"logprobs", "top_logprobs"})
     if body.get("logprobs") or body.get("top_logprobs") is not None:
         raise ApiError(400, "logprobs are not served for chat (see /v1/completions with echo)", "logprobs")
-    prompt = _user_message(body.get("messages"))
+    prompt = _conversation(body.get("messages"))
     field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _integer(body, field, defaults.max_tokens, 1, defaults.max_tokens)
     chat = _completion(body, defaults, [prompt], max_tokens, echo=False, logprobs=False)
@@ -245,22 +246,32 @@ def _unicode(text: str, field: str) -> None:
         raise ApiError(400, f"{field} is not Unicode text: {err.reason} at character {err.start}", field) from None
 
 
-def _user_message(messages: Any) -> str:
-    """The text of a conversation of one user message (content a string, or a list of text parts)."""
-    if not isinstance(messages, list) or not messages:
+SYSTEM_ROLES = ("system", "developer")  # OpenAI's clients send their instructions under either name
+
+
+def _conversation(messages: Any) -> ChatPrompt:
+    """A conversation's user message and the system messages before it (joined by a blank line), as most clients
+    send a chat: each model renders them in its own chat template. Content is a string or a list of text parts."""
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise ApiError(400, "messages must be a non-empty list of {role, content}", "messages")
-    if len(messages) != 1 or not isinstance(messages[0], dict) or messages[0].get("role") != "user":
+    *before, last = messages
+    if last.get("role") != "user" or any(m.get("role") not in SYSTEM_ROLES for m in before):
         raise ApiError(
             400,
-            "messages must be one user message: each model renders the prompt as one user turn in its own "
-            "chat template (spec §1), so a system message or several turns cannot be given to it",
+            "messages must be one user message, after any system messages: each model renders them in its own "
+            "chat template (spec §1); a conversation of several turns is not decoded here",
             "messages",
         )
-    content = messages[0].get("content")
+    system = "\n\n".join(_text(m, i) for i, m in enumerate(before))
+    return ChatPrompt(_text(last, len(before)), system)
+
+
+def _text(message: dict, index: int) -> str:
+    content = message.get("content")
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
         content = "".join(str(p.get("text", "")) for p in content)
     if not isinstance(content, str) or not content:
-        raise ApiError(400, "messages[0].content must be non-empty text", "messages")
+        raise ApiError(400, f"messages[{index}].content must be non-empty text", "messages")
     _unicode(content, "messages")
     return content
 

@@ -56,9 +56,22 @@ def require():
 
 
 @pytest.fixture(scope="session")
+def cluster(require):
+    """A SLURM cluster that answers (`bash slurm/cluster.sh start`; .ci/run starts one), for the `slurm` tests."""
+    import shutil
+    import subprocess
+
+    client = shutil.which("sinfo") is not None
+    require(client, "no SLURM client here: bash slurm/cluster.sh start (as root) installs and starts one")
+    state = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True)
+    up = state.returncode == 0 and bool({"idle", "mix", "alloc"} & set(state.stdout.split()))
+    require(up, f"no SLURM node up ({state.stdout.strip() or state.stderr.strip()}): bash slurm/cluster.sh start")
+
+
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
-        pytest.fail(f"benchmark data not found at {SHARED_DATA} (set ADAFUSE_SHARED_DATA)")
+        pytest.fail(f"benchmark data not found at {SHARED_DATA} (set ADAFUSE_DATA_DIR)")
     return SHARED_DATA
 
 

@@ -10,6 +10,7 @@ situations a case's `setup` names, and the message as a pattern, are the tests' 
 """
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -366,6 +367,23 @@ CASES = [
         "124, but the model's context holds 8192",
         files={"long.jsonl": '{"id": "long", "prompt": "' + "word " * 9000 + '"}\n'},
         slow=True,
+    ),
+    # ---- a pair file of your own (docs/your_own.md): refused as the run starts, before anything is read --------
+    BadInput(
+        "pair_name_taken",
+        "a pair file of your own that kept another pair's name (a copy whose name: was left as it was)",
+        ("hydra.searchpath=[file://{dir}/conf]", "model_pair=my_pair"),
+        "ConfigError",
+        "model_pair=my_pair is named 'llama_mistral', the name of conf/model_pair/llama_mistral.yaml: its runs would "
+        "write into that pair's results (results/<task>/<method>/llama_mistral/). Give it a name of its own, e.g. "
+        "name: my_pair in its file, or model_pair.name=... on the command line",
+        tool="run.py, run_grid.py",
+        files={
+            "conf/model_pair/my_pair.yaml": (
+                Path(__file__).parent.parent / "conf/model_pair/llama_mistral.yaml"
+            ).read_text()
+        },
+        tried_in="tests/config/test_pair_name.py",
     ),
     # ---- the hub path's readers (data.dir=null): refused naming what went wrong, before any model loads --------
     BadInput(

@@ -6,7 +6,7 @@
 #
 # gpu_package/ holds the wheels the machine's image lacks (run.py's among them: the check decodes through run.py,
 # Hydra and the runner), the two tokenizer files that tools/make_paper_pair.py converts, and the NQ and GSM8K files
-# the prompts are made of (DATA_DIR: ../shared/data by default). The image (docs/speed.md): Python 3.12, torch 2.11
+# the prompts are made of (DATA_DIR: $ADAFUSE_DATA_DIR, else ../shared/data). The image (docs/speed.md): Python 3.12, torch 2.11
 # + CUDA 13, Triton 3.6, transformers 5.17, accelerate, tokenizers, safetensors, sentencepiece, protobuf, psutil,
 # sacrebleu, pandas, numpy. Each wheel is the version this checkout's venv runs (its tests ran on them), for CPython
 # 3.12 on x86-64 Linux.
@@ -22,7 +22,7 @@ if [ "${1:-}" = "--run" ]; then
     exec python3 -m tools.gpu_check --data-dir "$PACKAGE/data" "$@"
 fi
 PY=${PYTHON:-.venv/bin/python}
-DATA=${1:-${ADAFUSE_SHARED_DATA:-../shared/data}}
+DATA=${1:-${ADAFUSE_DATA_DIR:-../shared/data}}
 LIMIT_MIB=60
 # transformers >= 5.23 and what its requirements need beyond the image (each wheel's Requires-Dist:
 # huggingface-hub 2.4 needs click >= 8.4.2, hf-xet >= 1.6 and httpx2; httpx2 needs httpcore2, idna >= 3.18

@@ -353,16 +353,10 @@ OVERHEAD_RATIOS = {
 @renderer("overhead", "overhead.json")
 def overhead(data: dict) -> str:
     """Section 9: the engine's time per pass against transformers' own generate(), on the paper pair in shape."""
-    return overhead_tables("overhead.json", data, profile=True)
+    return overhead_tables("overhead.json", data)
 
 
-@renderer("overhead-before", "overhead_before.json")
-def overhead_before(data: dict) -> str:
-    """Section 9 run on the engine before the one loop (its commit in the file), in the same period as today's."""
-    return overhead_tables("overhead_before.json", data, profile=False)
-
-
-def overhead_tables(file: str, data: dict, profile: bool) -> str:
+def overhead_tables(file: str, data: dict) -> str:
     o = data["overhead"]
 
     def median(name: str, key: str) -> float:
@@ -402,7 +396,7 @@ def overhead_tables(file: str, data: dict, profile: bool) -> str:
     engine = f" Engine at commit {data['engine']}." if "engine" in data else ""
     engine += f" Pooled: {data['pooled']}." if "pooled" in data else ""
     engine += f" Left out: {data['excluded']}." if "excluded" in data else ""
-    return "\n\n".join([provenance(file, data), runs, ratios, *([profiled] if profile else []), notes + engine])
+    return "\n\n".join([provenance(file, data), runs, ratios, profiled, notes + engine])
 
 
 @renderer("serve", "serve.json")

@@ -3,6 +3,7 @@ a read in a pass of its own (`alone_pass`), a prompt's shared prefix through the
 read's result from its logits (`finish`), and the memory a device has free (`device_free_memory`)."""
 
 import inspect
+import weakref
 from dataclasses import replace
 
 import torch
@@ -30,6 +31,13 @@ def prepared_for(model) -> Prepared:
         keeps_last="logits_to_keep" in params,
         splits_attention=route_attention(model),
     )
+
+
+def kept_while_used() -> "weakref.WeakValueDictionary[int, Prepared]":
+    """A backend's prepared models by id(model), each kept while something uses it (its runner): a backend lives as
+    long as the process, and holding them itself would keep every model it ever prepared, so an in-process sweep
+    would hold each pair it loaded. A Prepared holds its model, so an id here is never a dead model's."""
+    return weakref.WeakValueDictionary()
 
 
 def device_free_memory(device: torch.device) -> int:

@@ -167,6 +167,48 @@ def model_location(cfg: ModelConfig, cache_dir: Path | None = None) -> str:
     return cfg.path  # a hub id
 
 
+def on_the_hub(cfg: ModelConfig) -> bool:
+    """Does the entry name a hub repository (not a bundle, a GGUF file or a local path)?"""
+    if cfg.bundle or cfg.path.endswith(".gguf") or cfg.path.startswith(("/", ".", "~")):
+        return False
+    return not Path(cfg.path).expanduser().exists()
+
+
+# What loading a hub model reads: its configs, safetensors weights and tokenizer files. Other files that some
+# repositories ship are not fetched: Llama's original/ checkpoint and Mistral's consolidated.safetensors, each
+# another copy of the weights, the size of the model again.
+HUB_FILES = [
+    "config.json",
+    "generation_config.json",
+    "model*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.json",
+    "chat_template.jinja",
+]
+
+
+def fetch_from_hub(cfg: ModelConfig) -> Path:
+    """Download a hub model's HUB_FILES at its revision into the Hugging Face cache ($HF_HOME/hub), once: files
+    already there are not fetched again. Returns the snapshot folder, named by the commit the revision resolved to,
+    which the cache records for the revision (its refs/): a run with HF_HUB_OFFLINE=1 then loads that commit
+    from the cache without asking the hub. The hub's errors (network, gated, no such repository) pass through."""
+    from huggingface_hub import snapshot_download
+
+    folder = Path(snapshot_download(cfg.path, revision=cfg.revision or "main", allow_patterns=HUB_FILES))
+    if not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):
+        raise ModelFileError(
+            f"model {cfg.name!r}: {cfg.path} at commit {folder.name} holds no config.json and safetensors weights, "
+            "which is what this project loads"
+        )
+    _check_safetensors(cfg, folder, f"remove it (hf cache rm model/{cfg.path}) and prepare it again")
+    return folder
+
+
 def _check_safetensors(cfg: ModelConfig, folder: Path, fix: str) -> None:
     """ModelFileError, saying to `fix` it, if a weights file of `folder` is cut short or not safetensors: opening
     one reads its header and checks that the file holds every tensor it lists, without reading the weights."""

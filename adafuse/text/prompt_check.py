@@ -42,7 +42,7 @@ class PromptCheck:
     def lengths(self, prompt: str, reserve: int = 0) -> list[int | None]:
         """Raises ContextLengthError if the prompt leaves some model fewer than `reserve` positions (at once if its
         bytes alone say so), DataError if it encodes to no tokens."""
-        size = len(prompt.encode("utf-8"))
+        size = len(prompt.encode("utf-8")) + len(getattr(prompt, "system", "").encode("utf-8"))
         for model in filter(None, self._models):
             bound = model.max_bytes(reserve)
             if bound is not None and size > bound:

@@ -10,10 +10,23 @@ come from its tokenizer and generation config. Only this module and adafuse/load
 import functools
 
 import torch
+from jinja2 import TemplateError
 
 from adafuse.errors import ConfigError, ContextLengthError, DataError
 from adafuse.text.tokens import TokenBytes, vocabulary_bytes
 from adafuse.text.words import Detokenizer
+
+
+class ChatPrompt(str):
+    """A chat request's user message, carrying the system message sent before it: text wherever a prompt is text
+    (its shared prefix, its checks), and the conversation for each model's own chat template (`render`)."""
+
+    system: str
+
+    def __new__(cls, text: str, system: str = ""):
+        prompt = super().__new__(cls, text)
+        prompt.system = system
+        return prompt
 
 
 class Tokenisation:
@@ -66,10 +79,21 @@ class Tokenisation:
         return vocabulary_bytes(self.tokenizer, self.vocab_size)
 
     def render(self, prompt: str) -> str:
-        """The prompt as this model reads it: plain text, or wrapped in its own chat template."""
+        """The prompt as this model reads it: plain text, or wrapped in its own chat template, after the system
+        message a ChatPrompt carries. A template that takes no system turn (it raises on one) reads the system
+        message as the start of the user's, a blank line before it."""
         if not self.chat_template:
             return prompt
-        messages = [{"role": "user", "content": prompt}]
+        system = getattr(prompt, "system", "")
+        user = [{"role": "user", "content": str(prompt)}]
+        if not system:
+            return self._template(user)
+        try:
+            return self._template([{"role": "system", "content": system}, *user])
+        except TemplateError:
+            return self._template([{"role": "user", "content": f"{system}\n\n{prompt}"}])
+
+    def _template(self, messages: list[dict]) -> str:
         # The answer starts at once: a template with a thinking mode (Qwen3) is told to leave it off; the others
         # never read the variable.
         return self.tokenizer.apply_chat_template(

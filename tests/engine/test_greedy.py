@@ -1,8 +1,10 @@
 """method=single must equal transformers' own greedy decode() token for token."""
 
+import copy
+
 import pytest
 
-from adafuse import SingleConfig
+from adafuse import ChatPrompt, SingleConfig
 from adafuse.text.words import REPLACEMENT
 from oracles.fast import decode
 from oracles.greedy import hf_greedy
@@ -67,3 +69,31 @@ def test_single_keeps_control_tokens_in_its_ids_and_out_of_its_text(tiny, gemma,
     assert "<start_of_image>" not in gen.text
     assert [s.token for s in gen.trace.steps] == gen.ids[0]  # trace=true records every step
     assert "".join(s.text for s in gen.trace.steps) == gen.text
+
+
+# A template without a system turn, as some models ship (Gemma 2's raises on one).
+NO_SYSTEM = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+)
+
+
+def test_a_system_message_is_read_in_the_models_template_or_before_the_users_where_it_has_no_system_turn(smol):
+    """A chat request's system message (adafuse-serve) reaches each model as its own template renders it; single
+    then equals transformers' greedy decode of that rendering."""
+    question = ChatPrompt("What is 2 + 2?", "Answer with one number.")
+    chat = type(smol)(smol.name, smol.tokenisation.tokenizer, smol.model, chat_template=True)
+    rendered = chat.tokenisation.render(question)
+    expected = [{"role": "system", "content": question.system}, {"role": "user", "content": "What is 2 + 2?"}]
+    assert rendered == smol.tokenisation.tokenizer.apply_chat_template(
+        expected, tokenize=False, add_generation_prompt=True
+    )
+    gen = decode([chat], question, SingleConfig(0), max_new_tokens=8)
+    assert gen.ids[0] == hf_greedy(chat, rendered, 8)  # the rendering read as it is, no special tokens added
+
+    plain = copy.deepcopy(smol.tokenisation.tokenizer)
+    plain.chat_template = NO_SYSTEM
+    no_system = type(smol)(smol.name, plain, smol.model, chat_template=True)
+    assert no_system.tokenisation.render(question) == (
+        "<|im_start|>user\nAnswer with one number.\n\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant"
+    )

@@ -28,11 +28,11 @@ from omegaconf import OmegaConf
 
 from conf.compose import compose_run
 from eval.runner import settings_of
+from tests.support.docs import FENCE, blocks
 from tools import draw_round, render_docs
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-FENCE = re.compile(r"^(?:<!-- (?P<marker>[^>]*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)^```$", re.DOTALL | re.MULTILINE)
 LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6} +(?P<title>.+?) *$", re.MULTILINE)
 PYTHON = {"python", ".venv/bin/python"}
@@ -53,16 +53,6 @@ class Command:
 
     def __str__(self):
         return f"{rel(self.page)}:{self.line}: {self.text}"
-
-
-def blocks(page: Path, marker: str) -> list[tuple[int, str]]:
-    """(line number of the block's first line, body) of every fenced block that follows `<!-- marker -->`."""
-    text = page.read_text()
-    found = []
-    for match in FENCE.finditer(text):
-        if match["marker"] == marker:
-            found.append((text.count("\n", 0, match.start("body")) + 1, match["body"]))
-    return found
 
 
 def commands(marker: str) -> list[Command]:

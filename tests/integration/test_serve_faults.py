@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from adafuse import Ensemble, Request, model_config
+from adafuse import ChatPrompt, Ensemble, Request, model_config
 from tests.support.bad_inputs import bad_input, pattern
 from tests.support.paths import ROOT
 from tools.serve_process import serving
@@ -62,10 +62,15 @@ def test_faults_leave_the_server_answering_and_the_other_texts_unchanged(referen
         assert server.metrics()['adafuse_requests_total{route="/v1/completions",status="401"}'] == 3
         assert "without an API key" not in server.log_text()
 
-        # Chat: one user message, which each model reads in its own chat template, as the engine renders a prompt.
+        # Chat: one user message, which each model reads in its own chat template, as the engine renders a prompt;
+        # a system message before it, as most clients send one, in the template's system turn.
         message = [{"role": "user", "content": QUESTIONS[0]}]
         chat = client.chat.completions.create(model=NAME, messages=message, max_tokens=8)
         assert chat.choices[0].message.content == decoded(reference, QUESTIONS[0], 8)
+        system = [{"role": "system", "content": "Answer in one word."}, *message]
+        briefly = client.chat.completions.create(model=NAME, messages=system, max_tokens=8)
+        expected = decoded(reference, ChatPrompt(QUESTIONS[0], "Answer in one word."), 8)
+        assert briefly.choices[0].message.content == expected != chat.choices[0].message.content
         stream = client.chat.completions.create(model=NAME, messages=message, max_tokens=8, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == chat.choices[0].message.content
 

@@ -4,7 +4,6 @@ and that finishes with every example exactly once. Skipped where no cluster answ
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -26,15 +25,6 @@ LAUNCHER = [
     "hydra.launcher.timeout_min=30",
 ]
 COMMON = [f"data.dir={SHARED_DATA}", "wandb.mode=disabled", "progress=false", "threads=1"]
-
-
-@pytest.fixture(scope="module")
-def cluster(require):
-    client = shutil.which("sinfo") is not None
-    require(client, "no SLURM client here: bash slurm/cluster.sh start (as root) installs and starts one")
-    state = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True)
-    up = state.returncode == 0 and bool({"idle", "mix", "alloc"} & set(state.stdout.split()))
-    require(up, f"no SLURM node up ({state.stdout.strip() or state.stderr.strip()}): bash slurm/cluster.sh start")
 
 
 def sweep(cwd: Path, *overrides: str) -> subprocess.Popen:

@@ -1,6 +1,8 @@
 """scripts/make_figures.py on a small results directory in the runner's format: each figure's CSV
 holds the runs it should, and a figure without runs is skipped, not drawn empty."""
 
+import json
+
 import pandas as pd
 
 from tests.support.run_in_process import run_script
@@ -62,3 +64,23 @@ def test_the_runtime_figure_can_be_limited_to_some_tasks_and_names_each_variant(
     runtime = pd.read_csv(tmp_path / "figures" / "runtime.csv")
     assert list(runtime["task"]) == ["nq"] * 3
     assert sorted(runtime["method"]) == ["adafuse", "deepen (main 0)", "llm_blender (ranker nll)"]
+
+
+def test_diversity_has_its_figure_and_every_task_is_drawn_and_runtime_says_its_batch_size(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the run id names the file as given: task.path=mine.jsonl
+    lines = [{"id": f"q{i}", "prompt": f"Q{i}?", "references": [f"a{i}"]} for i in range(4)]
+    (tmp_path / "mine.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    results = tmp_path / "results"
+    write_run(results, "nq", "adafuse", pattern(10, 2))
+    write_run(results, "nq", "adafuse", pattern(10, 5), "method.diversity=false")
+    write_run(results, "custom", "adafuse", pattern(4, 2), "task.path=mine.jsonl")
+    write_run(results, "custom", "adafuse", pattern(4, 1), "task.path=mine.jsonl", "method.tau=0.3")
+    done = make_figures(results)
+    figures = results / "figures"
+    diversity = pd.read_csv(figures / "diversity.csv")
+    assert list(diversity["branches from"]) == ["distinct first tokens", "word-level beam search"]
+    assert list(diversity["value"]) == [50.0, 20.0] and (figures / "diversity.png").is_file()
+    words = pd.read_csv(figures / "words_per_round.csv")
+    assert set(words["task"]) == {"nq", "custom"}  # a task outside the six is drawn, after them
+    runtime = pd.read_csv(figures / "runtime.csv")
+    assert set(runtime["batch_size"]) == {8} and "runtime: wrote" in done.stderr

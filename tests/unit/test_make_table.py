@@ -160,3 +160,33 @@ def test_sources_name_each_runs_data_and_models_by_what_pins_them(tmp_path, shar
     (line,) = [line for line in text.splitlines() if line.startswith("| adafuse ")]
     assert f"nq_open/NQ-open.dev.jsonl (sha256 {dev[:12]})" in line
     assert "smollm2_135m (sha256 b179c9523d0e)" in line and "gemma3_270m (sha256 a5fd3b62230a)" in line
+
+
+def test_a_task_outside_the_six_has_a_column_of_its_own_and_stays_out_of_the_average(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the run id names the file as given: task.path=mine.jsonl
+    lines = [{"id": f"q{i}", "prompt": f"Q{i}?", "references": [f"a{i}"]} for i in range(4)]
+    (tmp_path / "mine.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    write_run(tmp_path / "results", "nq", "adafuse", pattern(10, 2))
+    write_run(tmp_path / "results", "custom", "adafuse", pattern(4, 4), "task.path=mine.jsonl")
+    cells = make_table(tmp_path / "results")
+    assert float(cells[("adafuse", "custom")]["value"]) == 25.0  # one row: the file is the column's
+    markdown = (tmp_path / "results" / "table1.md").read_text()
+    header = next(line for line in markdown.splitlines() if line.startswith("|  "))
+    assert [c.strip() for c in header.split("|")[2:-1]] == [
+        "NQ (n=10, canonical)",
+        "custom [task.path=mine.jsonl] (n=4, canonical)",
+        "Avg",
+    ]
+    (row,) = [line for line in markdown.splitlines() if line.startswith("| adafuse ")]
+    assert [c.strip() for c in row.split("|")[2:-1]] == ["50.0 ± 15.8", "25.0 ± 21.4", "50.0 ± 15.8"]  # Avg: NQ
+    assert "custom, not among them, is not in it" in markdown
+
+
+def test_a_single_model_under_the_papers_protocol_sits_with_the_protocol_rows_and_enters_no_gain(tmp_path):
+    write_run(tmp_path, "nq", "adafuse", pattern(10, 2))  # 5 right
+    write_run(tmp_path, "nq", "single", pattern(10, 5))  # 2 right
+    write_run(tmp_path, "nq", "single", pattern(10, 1), "protocol=paper")  # all right, by the paper's scorer
+    cells = make_table(tmp_path)
+    assert float(cells[("AdaFuse gain vs best single model", "nq")]["value"]) == pytest.approx(30.0)
+    names = [line.split("|")[1].strip() for line in (tmp_path / "table1.md").read_text().splitlines()[4:]]
+    assert names[-1] == "smollm2_135m [protocol=paper]" and names.index("smollm2_135m") == 0

@@ -63,8 +63,21 @@ def test_chat_needs_every_model_the_method_uses_to_render_a_chat_template():
         parse_chat(message, SERVER)
     alone = parse_chat(message | {"adafuse": {"method": "single", "member": 0}}, SERVER)
     assert alone.requests[0].prompt == "Hi" and alone.requests[0].max_new_tokens == SERVER.max_tokens
-    with pytest.raises(ApiError, match="one user message"):
-        parse_chat({"messages": [{"role": "system", "content": "Be brief."}, *message["messages"]]}, SERVER)
+
+
+def test_a_chat_takes_system_messages_before_its_user_message_and_refuses_several_turns():
+    alone = {"adafuse": {"method": "single", "member": 0}}
+    user = {"role": "user", "content": "Hi"}
+    system = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "developer", "content": [{"type": "text", "text": "Be kind."}]},
+    ]
+    (request,) = parse_chat({"messages": [*system, user]} | alone, SERVER).requests
+    assert (request.prompt, request.prompt.system) == ("Hi", "Be brief.\n\nBe kind.")
+    turns = [user, {"role": "assistant", "content": "Hello."}, user]
+    for messages in (turns, [user, system[0]], [*system[:1], {"role": "system", "content": ""}, user]):
+        with pytest.raises(ApiError, match="one user message, after any system messages|content must be non-empty"):
+            parse_chat({"messages": messages} | alone, SERVER)
 
 
 def test_words_join_back_to_the_text_and_are_scored_after_everything_before_them():

@@ -14,7 +14,15 @@ import time
 
 import torch
 
-from adafuse.backend.calls import MEMORY_SHARE, alone_pass, device_free_memory, finish, prefix_pass, prepared_for
+from adafuse.backend.calls import (
+    MEMORY_SHARE,
+    alone_pass,
+    device_free_memory,
+    finish,
+    kept_while_used,
+    prefix_pass,
+    prepared_for,
+)
 from adafuse.backend.cpu.tiles import CpuPass, KernelProbes, tile_linear_layers
 from adafuse.backend.forward import ForwardContext
 from adafuse.backend.interface import ALONE, MERGED, PREFIX, PROMPT, Backend, Execution, Pass, Prepared, Ran
@@ -31,14 +39,15 @@ class ExactBackend(Backend):
         self.name = f"{device_type}-exact"
         check_transformers()
         self.probes = KernelProbes(store or ProbeStore.for_environment(), cores)
-        self._prepared: dict[int, Prepared] = {}
+        self._prepared = kept_while_used()
 
     def prepare(self, model) -> Prepared:
-        if id(model) not in self._prepared:
+        prepared = self._prepared.get(id(model))
+        if prepared is None:
             check_model(model)
             self._install(model)
-            self._prepared[id(model)] = prepared_for(model)
-        return self._prepared[id(model)]
+            prepared = self._prepared[id(model)] = prepared_for(model)
+        return prepared
 
     def _install(self, model) -> None:
         """What this backend changes in the model: its linear layers in row tiles."""

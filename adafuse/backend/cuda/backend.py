@@ -22,10 +22,19 @@ On a CPU tensor (the tests, with Triton's interpreter) the same code runs the ke
 import contextlib
 import logging
 import time
+import weakref
 
 import torch
 
-from adafuse.backend.calls import MEMORY_SHARE, alone_pass, device_free_memory, finish, prefix_pass, prepared_for
+from adafuse.backend.calls import (
+    MEMORY_SHARE,
+    alone_pass,
+    device_free_memory,
+    finish,
+    kept_while_used,
+    prefix_pass,
+    prepared_for,
+)
 from adafuse.backend.cuda import layers, toolchain
 from adafuse.backend.cuda.attention import KERNEL, packed_attention, torch_varlen
 from adafuse.backend.cuda.choice import Choice, decide
@@ -47,8 +56,9 @@ class CudaBackend(Backend):
         self.name = "cuda"
         check_transformers()
         self._store = store
-        self._prepared: dict[int, Prepared] = {}
-        self.choices: dict[int, Choice] = {}  # per model: what its passes use on its GPU
+        self._prepared = kept_while_used()
+        # per model, as long as it lives: what its passes use on its GPU
+        self.choices: weakref.WeakKeyDictionary[torch.nn.Module, Choice] = weakref.WeakKeyDictionary()
         if stock_attention is ...:
             stock_attention = torch_varlen() if device_type == "cuda" else None
         self._stock_varlen = stock_attention
@@ -60,22 +70,21 @@ class CudaBackend(Backend):
             log.warning("the CUDA backend's kernels cannot run here, stock kernels only: %s", "; ".join(self.toolchain))
 
     def prepare(self, model) -> Prepared:
-        if id(model) not in self._prepared:
+        prepared = self._prepared.get(id(model))
+        if prepared is None:
             check_model(model)
             unknown = layers.install(model)
             prepared = prepared_for(model)
             store = self._store or ProbeStore.for_gpu(model.device, toolchain.source_hash())
             with _on(model.device):  # the probes launch on the model's GPU
-                self.choices[id(model)] = decide(
-                    model, model.device, unknown, self._stock_varlen, store, self.toolchain
-                )
+                self.choices[model] = decide(model, model.device, unknown, self._stock_varlen, store, self.toolchain)
             self._prepared[id(model)] = prepared
-        return self._prepared[id(model)]
+        return prepared
 
     def execute(self, passes: list[Pass], how: Execution) -> list[Ran]:
         timings, outputs = [], []
         for p in passes:  # every model's passes launched, none waited for
-            ops = self.choices[id(p.model.model)].ops(how.exact)
+            ops = self.choices[p.model.model].ops(how.exact)
             context = ForwardContext(own=ops)
             # Triton launches, and CUDA events record, on the current device's stream: the pass's own GPU
             with _on(p.model.device):
@@ -107,7 +116,7 @@ class CudaBackend(Backend):
         return device_free_memory(device)
 
     def describe(self, model: Prepared, exact: bool) -> dict:
-        return self.choices[id(model.model)].describe(exact)
+        return self.choices[model.model].describe(exact)
 
 
 def _on(device: torch.device):
