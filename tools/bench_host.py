@@ -128,6 +128,15 @@ class KVCopies(TorchDispatchMode):
 
         self._made, self._recording = made, recording
 
+    def watch(self, *caches) -> "KVCopies":
+        """Count the buffers of caches made before this counter too (a context's, a fork's base and own)."""
+        for cache in caches:
+            for layer in cache.layers:
+                for buffer in (getattr(layer, name, None) for name in ("buffer", "base", "own")):
+                    if buffer is not None:
+                        self.storages |= {t.untyped_storage().data_ptr() for t in (buffer.keys, buffer.values)}
+        return self
+
     def __enter__(self):
         kv.KVBuffer.__init__ = self._recording
         return super().__enter__()

@@ -399,6 +399,44 @@ def overhead_tables(file: str, data: dict) -> str:
     return "\n\n".join([provenance(file, data), runs, ratios, profiled, notes + engine])
 
 
+@renderer("host", "host.json")
+def host(data: dict) -> str:
+    """Section 12: host time per pass at the paper pair's real depth, and the KV the engine copies."""
+    h = data["host"]
+    p = h["pass"]
+    plain = p["plain_forward_ms"]
+    passes = table(
+        ["one pass, float32", "ms (median)", "÷ one plain forward", "in the requests' own attention"],
+        [["transformers forward of 1 row (plain)", f"{plain:.1f}", "1.00×", ""]]
+        + [
+            [f"merged pass of {m['requests']}", f"{m['ms']:.1f}", f"**{m['ms'] / plain:.2f}×**",
+             f"{m['attention_share']:.0%}"]
+            for m in p["merged"]
+        ],
+    )  # fmt: skip
+    d = h["decode"]
+    decode = table(
+        ["decode", "seconds", "passes (generate: steps)", "ms per pass"],
+        [
+            [f"`generate()`, {name}, batch 1", f"{g['seconds']:.2f}", g["passes"], f"{g['ms_per_pass']:.1f}"]
+            for name, g in zip(("Llama-shaped", "Mistral-shaped"), d["generate"])
+        ]
+        + [["AdaFuse exact, batch 8", f"{d['adafuse_b8']['seconds']:.2f}", d["adafuse_b8"]["passes"],
+            f"{d['adafuse_b8']['ms_per_pass']:.1f}"]],
+    )  # fmt: skip
+    c, sizes = h["copies"], h["sizes"]
+    ratio = d["adafuse_b8_over_summed_generate"]
+    copied, written = c["kv_bytes_copied_per_pass"] / 1024, c["kv_bytes_written_per_pass"] / 1024
+    notes = (
+        f"AdaFuse exact at batch 8 ÷ both members' summed `generate()`: **{ratio:.2f}×** (goal ≤ 1.0). KV the "
+        f"engine copies per pass, over {c['passes']} passes of an AdaFuse run at batch 8: **{copied:.0f} KiB** "
+        f"(goal 0), against {written:.0f} KiB of new KV written. The pair: {sizes['num_hidden_layers']} layers, "
+        f"{sizes['num_attention_heads']} query and {sizes['num_key_value_heads']} key-value heads, hidden "
+        f"{sizes['hidden_size']}; {h['prompts']} NQ prompts, {h['budget']} new tokens."
+    )
+    return "\n\n".join([provenance("host.json", data), passes, decode, notes])
+
+
 @renderer("serve", "serve.json")
 def serve(data: dict) -> str:
     """Section 10: the server at 1, 8 and 32 clients against offline decoding at the batch size they keep in flight."""

@@ -21,6 +21,10 @@ a round copies only its new positions. All layers are full-length, also for slid
 the model applies its window through the attention mask, and a full layer can be cut back anywhere, which a
 rejected word needs (transformers' sliding layers refuse once the window is full).
 
+A backend that reads positions where they lie (the CUDA backend's attention, adafuse/backend/cuda/attention.py) asks a
+layer to `append` a pass's new positions and for each row's `runs`: the buffers' rows its positions lie in, the
+context's first, the row's own after them; nothing is made into one tensor, and nothing is copied.
+
 Every buffer is charged to its model's `KVLedger` while it lives: the bytes of KV a model's contexts and forks
 hold now and at most, apart from the stored prefixes they share (adafuse/engine/executor.py reports them per
 example in flight).
@@ -141,11 +145,20 @@ class ContextLayer(DynamicLayer):
         return self.length
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        self.append(key_states, value_states)
+        return self.keys, self.values
+
+    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Write the pass's new positions, (rows, heads, new, head_dim), after the context's."""
         end = self.length + key_states.shape[2]
         if self.buffer is None:
             self.device, self.dtype = key_states.device, key_states.dtype
         self._hold(_append(self.buffer, self.length, key_states, value_states, self.room, self.ledger), end)
-        return self.keys, self.values
+
+    def runs(self, row: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+        """Row `row`'s first `length` positions where they lie: one run of its buffer's row (heads, capacity,
+        head_dim)."""
+        return [(self.buffer.keys[row], self.buffer.values[row], length)]
 
     def crop(self, tokens_to_remove: int) -> None:
         """Keep all but the last `-tokens_to_remove` positions (transformers' convention); the next write copies
@@ -214,6 +227,12 @@ class ForkLayer(DynamicLayer):
         return keys, torch.cat([values, own.values[:, :, : self.own_length]], dim=2)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        self.append(key_states, value_states)
+        return self.whole()
+
+    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Write the pass's new positions, (rows, heads, new, head_dim), after each row's (`update` without making
+        every row's whole keys and values: a reader of `runs` reads them where they lie)."""
         end, new = self.upto + self.own_length, key_states.shape[2]
         at_tip = self.base.filled == end and not self.base.frozen and end + new <= self.base.capacity
         if self.rows == 1 and at_tip and (self.riding or not self.own_length):
@@ -229,7 +248,16 @@ class ForkLayer(DynamicLayer):
                 self.own = KVBuffer.empty(self.base, self.rows, new + self.ROOM)
             self.own = _append(self.own, self.own_length, key_states, value_states, self.ROOM, self.own.ledger)
         self.own_length += new
-        return self.whole()
+
+    def runs(self, row: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+        """Row `row`'s first `length` positions where they lie: (keys, values, positions) runs of buffers' rows
+        (heads, capacity, head_dim), the context's first, the row's own after them."""
+        if self.riding or length <= self.upto:
+            return [(self.base.keys[0], self.base.values[0], length)]
+        return [
+            (self.base.keys[0], self.base.values[0], self.upto),
+            (self.own.keys[row], self.own.values[row], length - self.upto),
+        ]
 
     def of_rows(self, rows: list[int]) -> "ForkLayer":
         """A fork of the given rows, in that order, over the same context positions (their own copied; where it

@@ -258,3 +258,28 @@ def test_a_probe_that_raises_gives_no_verdict_says_why_and_is_probed_again(tmp_p
     described = again.describe(again.prepare(llama()), exact=True)
     assert described["probe_errors"] == [] and described["verdicts"]["linear"]["kernel"] is True
     assert any('"linear"' in line and "'kernel'" in line for line in store.read_text().splitlines())
+
+
+@interpreted
+def test_a_pass_reads_every_row_where_it_lies_and_copies_no_kv(models):
+    """Our kernel's attention reads each row's keys and values in the buffers they lie in (a context's, a fork's
+    own): a pass writes its new positions and copies none. Torch's one call, where no exactness is asked, takes them
+    packed: there each layer copies every row's (the control)."""
+    from adafuse.backend.cuda.backend import CudaBackend
+    from tools.bench_host import KVCopies
+
+    backend, model, _ = models
+    caches, inputs = mixed_reads(backend, model)
+    run(backend, MERGED, model, [Read(c, x, n) for c, (x, n) in zip(caches, inputs)])  # the contexts get room
+    steps = [torch.full((x.shape[0], 1), 3) for x, _ in inputs]
+    with KVCopies().watch(*caches) as counted:
+        run(backend, MERGED, model, [Read(c, x) for c, x in zip(caches, steps)])
+    assert counted.copied == 0 and counted.written > 0
+    stock = CudaBackend("cpu", store=ProbeStore(None), stock_attention=stock_attention_per_request)
+    torch.manual_seed(0)
+    prepared = stock.prepare(llama())
+    caches, inputs = mixed_reads(stock, prepared)
+    run(stock, MERGED, prepared, [Read(c, x, n) for c, (x, n) in zip(caches, inputs)], exact=False)
+    with KVCopies().watch(*caches) as counted:
+        run(stock, MERGED, prepared, [Read(c, x) for c, x in zip(caches, steps)], exact=False)
+    assert counted.copied > 0

@@ -2,16 +2,49 @@
 
 Every row of every read is one sequence: its queries are its live positions in the packed row (already laid out
 end to end, row after row: adafuse/backend/split_pass.py), its keys and values its read's cache up to its last
-live position (its context's, read in place, then its own). The keys of all rows are packed end to end for the
-call, a layer at a time, and let go after it; the call computes each sequence on its own (causal, with the layer's
+live position (its context's, then its own). The call computes each sequence on its own (causal, with the layer's
 sliding window), so one launch replaces the per-request loop. A layer whose attention the call cannot compute
 (logit soft-capping, attention sinks) runs per request, as without.
+
+Our kernel reads each row's keys where they lie (`IN_PLACE`: each read's cache appends the pass's new positions,
+and hands the runs its rows' positions lie in, adafuse/member/cache.py): no key or value is copied. Torch's own
+call (`torch_varlen`, for the passes that need no exactness) takes them packed end to end (`packed_attention`):
+the keys of all rows are copied into one tensor for the call, a layer at a time, and let go after it.
 """
 
 import torch
 
-from adafuse.backend.cuda.choice import kernel_attention
+from adafuse.backend.cuda import kernels
 from adafuse.backend.live import on_device
+
+EMPTY_RUN = [0] * kernels.RUN_FIELDS
+
+
+def in_place_attention(module, query, split, kwargs):
+    """The `one_call` of our kernel: every row at once, each row's keys and values read where they lie
+    (`kernels.attention_in_place`). A row's runs are its buffers' rows as the cache hands them, their addresses
+    and strides in elements; they stay alive and unwritten until the kernel has read them (the pass's own
+    positions are written before it, and nothing writes a cache during a pass but the pass)."""
+    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+        return None
+    if split.one_call_layout is None:  # the same in every layer: each sequence's queries
+        split.one_call_layout = sequences(split.spans, query.device)
+    cu_q, _, max_q, _ = split.one_call_layout
+    table = []
+    kv_heads = split.pending[0][1].shape[1]
+    for s, (own, new_keys, new_values) in zip(split.spans, split.pending, strict=True):
+        own.append(new_keys, new_values)
+        for row, live in enumerate(s.lengths):
+            runs = [
+                [k.data_ptr(), v.data_ptr(), n, k.stride(1), k.stride(0)] for k, v, n in own.runs(row, s.length + live)
+            ]
+            table.append(runs + [EMPTY_RUN] * (2 - len(runs)))
+    split.pending = []
+    q = query[0].transpose(0, 1)  # (positions, heads, d): the packed row's positions, row after row
+    scale = kwargs.get("scaling") or module.scaling
+    runs = on_device(torch.tensor(table, dtype=torch.int64), query.device)
+    out = kernels.attention_in_place(q, runs, cu_q, kv_heads, scale, True, kwargs.get("sliding_window"), max_q)
+    return out.unsqueeze(0), None
 
 
 def packed_attention(attend):
@@ -56,7 +89,7 @@ def sequences(spans, device) -> tuple:
     return *cu, max_q, max_k
 
 
-KERNEL = packed_attention(kernel_attention)
+IN_PLACE = in_place_attention
 
 
 def torch_varlen():

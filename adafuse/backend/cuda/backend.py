@@ -36,7 +36,7 @@ from adafuse.backend.calls import (
     prepared_for,
 )
 from adafuse.backend.cuda import layers, toolchain
-from adafuse.backend.cuda.attention import KERNEL, packed_attention, torch_varlen
+from adafuse.backend.cuda.attention import IN_PLACE, packed_attention, torch_varlen
 from adafuse.backend.cuda.choice import Choice, decide
 from adafuse.backend.forward import ForwardContext
 from adafuse.backend.interface import ALONE, MERGED, PREFIX, PROMPT, Backend, Execution, Pass, Prepared, Ran
@@ -63,7 +63,7 @@ class CudaBackend(Backend):
             stock_attention = torch_varlen() if device_type == "cuda" else None
         self._stock_varlen = stock_attention
         # a split pass's attention in one call, by the choice's name for it (per_request: none)
-        self._one_calls = {"kernel": KERNEL, "stock": packed_attention(self._stock_varlen)}
+        self._one_calls = {"kernel": IN_PLACE, "stock": packed_attention(self._stock_varlen)}
         # a launch on a GPU builds Triton's launcher; the interpreter (CPU tensors) builds nothing
         self.toolchain = toolchain.problems() if device_type == "cuda" else []
         if self.toolchain:

@@ -318,21 +318,30 @@ def _log_softmax(x: torch.Tensor) -> torch.Tensor:
 
 @_jit()
 def _attention_kernel(
-    Q, K, V, O, CU_Q, CU_K, scale, window,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    Q, O, CU_Q, RUNS, scale, window,
+    stride_qt, stride_qh, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
     BY_HAND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Queries [BLOCK_M * program 0, + BLOCK_M) of request program 2, head program 1, over that request's keys in
     BLOCK_N steps from its first key (float32 online softmax). Query i of a request with len_q queries and len_k
-    keys stands at key position p = len_k - len_q + i and sees key j where j <= p (causal) and j > p - window."""
+    keys stands at key position p = len_k - len_q + i and sees key j where j <= p (causal) and j > p - window.
+
+    A request's keys and values are read where they lie, in up to two runs (`RUNS`, int64, (requests, 2, 5): per
+    run the addresses of its first key and value, its length, and its strides between positions and between heads,
+    in elements): its first keys in run 0, the rest in run 1 (a context's positions, then a fork's own)."""
     request = tl.program_id(2)
     head = tl.program_id(1)
     first = tl.program_id(0) * BLOCK_M
+    element = Q.dtype.element_ty
+    run = RUNS + request.to(tl.int64) * 10
+    k0, v0 = tl.load(run).to(tl.pointer_type(element)), tl.load(run + 1).to(tl.pointer_type(element))
+    len0, t0, h0 = tl.load(run + 2), tl.load(run + 3), tl.load(run + 4)
+    k1, v1 = tl.load(run + 5).to(tl.pointer_type(element)), tl.load(run + 6).to(tl.pointer_type(element))
+    len1, t1, h1 = tl.load(run + 7), tl.load(run + 8), tl.load(run + 9)
     q_start = tl.load(CU_Q + request).to(tl.int64)
-    k_start = tl.load(CU_K + request).to(tl.int64)
     len_q = tl.load(CU_Q + request + 1) - tl.load(CU_Q + request)
-    len_k = tl.load(CU_K + request + 1) - tl.load(CU_K + request)
+    len_k = (len0 + len1).to(tl.int32)
     rows = first + tl.arange(0, BLOCK_M)
     at = len_k - len_q + rows  # each query's own key position
     dims = tl.arange(0, BLOCK_D)
@@ -355,10 +364,17 @@ def _attention_kernel(
     total = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     for start in range(lo, hi, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        key_ok = (cols < hi)[None, :] & (dims < HEAD_DIM)[:, None]
-        k_at = K + (k_start + cols)[None, :] * stride_kt + kv_head * stride_kh + dims[:, None]
-        k = tl.load(k_at, mask=key_ok, other=0.0)  # (BLOCK_D, BLOCK_N)
+        cols = (start + tl.arange(0, BLOCK_N)).to(tl.int64)
+        in0 = cols < len0  # the key's run: 0, or 1 at its place after run 0's keys
+        in1 = (cols >= len0) & (cols < hi)
+        dim_ok = dims < HEAD_DIM
+        key0 = k0 + cols[None, :] * t0 + kv_head * h0 + dims[:, None]
+        key1 = k1 + (cols - len0)[None, :] * t1 + kv_head * h1 + dims[:, None]
+        k = tl.where(
+            in0[None, :],
+            tl.load(key0, mask=in0[None, :] & dim_ok[:, None], other=0.0),
+            tl.load(key1, mask=in1[None, :] & dim_ok[:, None], other=0.0),
+        )  # (BLOCK_D, BLOCK_N)
         scores = _dot(q, k, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), BY_HAND)
         seen = (cols < hi)[None, :] & (rows < len_q)[:, None]
         if CAUSAL:
@@ -372,16 +388,35 @@ def _attention_kernel(
         p = tl.exp(scores - shift[:, None])
         rescale = tl.exp(top - shift)
         total = total * rescale + tl.sum(p, axis=1)
-        value_ok = (cols < hi)[:, None] & (dims < HEAD_DIM)[None, :]
-        v_at = V + (k_start + cols)[:, None] * stride_vt + kv_head * stride_vh + dims[None, :]
-        v = tl.load(v_at, mask=value_ok, other=0.0)  # (BLOCK_N, BLOCK_D)
-        p = _cast(p, V, BY_HAND)  # the weights in v's dtype, as FlashAttention multiplies them
+        value0 = v0 + cols[:, None] * t0 + kv_head * h0 + dims[None, :]
+        value1 = v1 + (cols - len0)[:, None] * t1 + kv_head * h1 + dims[None, :]
+        v = tl.where(
+            in0[:, None],
+            tl.load(value0, mask=in0[:, None] & dim_ok[None, :], other=0.0),
+            tl.load(value1, mask=in1[:, None] & dim_ok[None, :], other=0.0),
+        )  # (BLOCK_N, BLOCK_D)
+        p = _cast(p, Q, BY_HAND)  # the weights in v's dtype, as FlashAttention multiplies them
         acc = acc * rescale[:, None]
         acc = _dot(p, v, acc, BY_HAND)
         top = new_top
     out = acc / tl.where(total == 0.0, 1.0, total)[:, None]  # a query that sees no key gets zeros
     o_at = O + (q_start + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :]
     tl.store(o_at, _cast(out, O, BY_HAND), mask=row_ok)
+
+
+RUN_FIELDS = 5  # per run: key address, value address, length, stride between positions, between heads
+
+
+def packed_runs(k: torch.Tensor, v: torch.Tensor, cu_k: torch.Tensor) -> torch.Tensor:
+    """The runs of requests whose keys and values are packed end to end ((total, kv_heads, d) each, request b's at
+    cu_k[b]:cu_k[b+1]): one run each, its second empty. Made on their device, without a sync."""
+    starts, lengths = cu_k[:-1].to(torch.int64), (cu_k[1:] - cu_k[:-1]).to(torch.int64)
+    step = k.stride(0) * k.element_size()
+    first = torch.stack(
+        [k.data_ptr() + starts * step, v.data_ptr() + starts * step, lengths,
+         torch.full_like(lengths, k.stride(0)), torch.full_like(lengths, k.stride(1))], dim=1,
+    )  # fmt: skip
+    return torch.stack([first, torch.zeros_like(first)], dim=1)
 
 
 def _varlen_attention(q, k, v, cu_q, cu_k, scale, causal, window, max_len_q):
@@ -392,10 +427,18 @@ def _varlen_attention(q, k, v, cu_q, cu_k, scale, causal, window, max_len_q):
         raise ValueError(f"varlen_attention: {q.shape[1]} query heads are not groups of {k.shape[1]} kv heads")
     if cu_q.shape != cu_k.shape or cu_q.dim() != 1 or cu_q.numel() < 1:
         raise ValueError(f"varlen_attention: cu_q {tuple(cu_q.shape)} and cu_k {tuple(cu_k.shape)}")
-    if window is not None and (window < 1 or not causal):
-        raise ValueError(f"varlen_attention: a window ({window}) must be >= 1 and goes with causal attention")
     _launchable(q, k, v, cu_q, cu_k)
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+    return _run_attention(q, packed_runs(k, v, cu_k), cu_q, k.shape[1], scale, causal, window, max_len_q)
+
+
+def _run_attention(q, runs, cu_q, kv_heads, scale, causal, window, max_len_q):
+    """The kernel over the queries `q` of requests whose keys and values lie in `runs`."""
+    if window is not None and (window < 1 or not causal):
+        raise ValueError(f"attention: a window ({window}) must be >= 1 and goes with causal attention")
+    if runs.dtype != torch.int64 or runs.shape != (cu_q.numel() - 1, 2, RUN_FIELDS):
+        raise ValueError(f"attention: runs {tuple(runs.shape)} {runs.dtype} for {cu_q.numel() - 1} requests")
+    q = q if q.stride(-1) == 1 else q.contiguous()
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     requests = cu_q.numel() - 1
     # no sync to learn the longest request: at most every query belongs to one (programs past a request's end exit)
@@ -403,14 +446,22 @@ def _varlen_attention(q, k, v, cu_q, cu_k, scale, causal, window, max_len_q):
     if out.numel() and requests and longest:
         grid = (triton.cdiv(longest, ATTENTION_BLOCK_M), q.shape[1], requests)
         _attention_kernel[grid](
-            q, k, v, out, cu_q.to(torch.int32), cu_k.to(torch.int32), float(scale), int(window or 0),
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-            GROUP=q.shape[1] // k.shape[1], HEAD_DIM=q.shape[2], CAUSAL=causal, WINDOWED=window is not None,
+            q, out, cu_q.to(torch.int32), runs.contiguous(), float(scale), int(window or 0),
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            GROUP=q.shape[1] // kv_heads, HEAD_DIM=q.shape[2], CAUSAL=causal, WINDOWED=window is not None,
             BY_HAND=interpreting(),
             BLOCK_M=ATTENTION_BLOCK_M, BLOCK_N=ATTENTION_BLOCK_N, BLOCK_D=max(16, triton.next_power_of_2(q.shape[2])),
             num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES, enable_fp_fusion=FP_FUSION,
         )  # fmt: skip
     return out
+
+
+def _attention_in_place(q, runs, cu_q, kv_heads, scale, causal, window, max_len_q):
+    _check_dtype(q)
+    if q.shape[1] % kv_heads:
+        raise ValueError(f"attention_in_place: {q.shape[1]} query heads are not groups of {kv_heads} kv heads")
+    _launchable(q, runs, cu_q)
+    return _run_attention(q, runs, cu_q, kv_heads, scale, causal, window, max_len_q)
 
 
 # --- the torch ops -------------------------------------------------------------------------------------------------
@@ -454,6 +505,19 @@ def _varlen_attention_impl(
     return _varlen_attention(q, k, v, cu_q, cu_k, scale, causal, window, max_len_q)
 
 
+def _attention_in_place_impl(
+    q: torch.Tensor,
+    runs: torch.Tensor,
+    cu_q: torch.Tensor,
+    kv_heads: int,
+    scale: float,
+    causal: bool = True,
+    window: int | None = None,
+    max_len_q: int | None = None,
+) -> torch.Tensor:
+    return _attention_in_place(q, runs, cu_q, kv_heads, scale, causal, window, max_len_q)
+
+
 def _linear_fake(x, weight, bias=None):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
@@ -466,6 +530,7 @@ _op("linear", _linear_impl, _linear_fake)
 _op("rms_norm", _rms_norm_impl, _same_shape_fake)
 _op("log_softmax", _log_softmax_impl, _same_shape_fake)
 _op("varlen_attention", _varlen_attention_impl, _same_shape_fake)
+_op("attention_in_place", _attention_in_place_impl, _same_shape_fake)
 
 
 # --- what the backend calls ----------------------------------------------------------------------------------------
@@ -517,3 +582,22 @@ def varlen_attention(
     requests of the call, nor on how many queries its request has. max_len_q, an upper bound on any request's
     queries, only trims the launch grid (default total_q, which needs no host sync)."""
     return torch.ops.adafuse.varlen_attention(q, k, v, cu_q, cu_k, scale, causal, window, max_len_q)
+
+
+def attention_in_place(
+    q: torch.Tensor,
+    runs: torch.Tensor,
+    cu_q: torch.Tensor,
+    kv_heads: int,
+    scale: float,
+    causal: bool = True,
+    window: int | None = None,
+    max_len_q: int | None = None,
+) -> torch.Tensor:
+    """`varlen_attention` over keys and values read where they lie: request b's in up to two runs, `runs[b]`
+    (int64, (requests, 2, RUN_FIELDS) on q's device: per run the address of its first key and of its first value,
+    its length, and its strides between positions and between heads, in elements; run 1 after run 0, an empty run
+    of length 0), each (positions, kv_heads, d) as its strides say. Nothing is copied; the bits are those
+    `varlen_attention` gives the same keys packed end to end. Every run must stay alive and unwritten until the
+    kernel has read it."""
+    return torch.ops.adafuse.attention_in_place(q, runs, cu_q, kv_heads, scale, causal, window, max_len_q)
