@@ -111,6 +111,8 @@ def unpack(x: torch.Tensor, s: Span) -> torch.Tensor:
     out, (rows, heads, width, d) over (rows, width, heads, d) memory, with zeros at its right padding (alone,
     the linear layers leave zeros there: adafuse/backend/live.py), so that its attention gets the very inputs it
     gets alone."""
+    if s.live is None and s.batch == 1:  # one row, every position live: its positions as they are
+        return x[:, :, s.start : s.start + s.count]
     part = x[0, :, s.start : s.start + s.count].transpose(0, 1)
     if s.live is not None:
         part = part.new_zeros(s.batch * s.width, *part.shape[1:]).index_copy_(0, s.live, part)

@@ -10,8 +10,8 @@ import pytest
 from adafuse.errors import ConfigError
 from conf.compose import compose_run
 from conf.schema import check_pair_name
+from tests.support.bad_inputs import bad_input, pattern, prepared
 from tests.support.paths import ROOT
-from tools.bad_inputs import bad_input, pattern, prepared
 
 CASE = bad_input("pair_name_taken")
 
