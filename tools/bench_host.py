@@ -8,13 +8,19 @@ GPU (tools/make_paper_pair.py writes the pair: real tokenizers and configs, seed
 
 1. `pass`: one plain transformers forward of one row after an NQ prompt (the unit every ratio is in), against one
    merged pass of 1, 8 and 32 requests of one token each after their NQ prompts, through the member's backend, each
-   the median of `repeats`; and for the 8, the share of its time in its requests' attention, each on its own (the
-   CPU's exactness: `attention_share`, what the CPU's per-request attention costs);
+   the median of `repeats`; for each, the share of its time in its requests' attention, each on its own (the CPU's
+   exactness: `attention_share`), and its host time (`host_ms`: all but the arithmetic, `Arithmetic`);
 2. `decode`: AdaFuse exact at batch 8 against each member's transformers `generate()` at batch 1 on the same NQ
-   prompts (tools/bench_overhead.py's runs);
+   prompts (tools/bench_overhead.py's runs), each with its host time; AdaFuse with every pass on the engine's
+   thread, as on a GPU, and side by side on the CPU's two threads, the CPU's default;
 3. `copies`: the bytes of KV the engine copies per pass in an AdaFuse run at batch 8 (any op that reads a KV
    buffer's memory into other memory: concatenations, clones, gathers, a buffer grown or a row committed), and the
    bytes of new KV it writes, per pass.
+
+At a tiny width the arithmetic that grows with a pass's rows is still not nothing on a CPU: the vocabulary
+projection (128,256 x 64 for Llama-3) takes 1.2 ms for one row and 6 ms for eight here, where a GPU takes the
+same time for both; so every figure also comes as host time, its wall time less the time inside the ops that do
+the arithmetic (linear layers, attention, log-softmax), which is what a GPU's host would spend.
 """
 
 import statistics
@@ -56,17 +62,77 @@ def deep_pair(sizes: dict = REAL_DEPTH) -> Path:
     return root
 
 
-def median_seconds(run, repeats: int) -> float:
-    times = []
+class Arithmetic:
+    """Seconds spent inside the ops that do a pass's arithmetic (`OPS`: linear layers, attention, log-softmax),
+    while active, by op. Each is timed around its call (a timer costs about a microsecond, counted as host time);
+    the callers look each up at the call (`F.linear`, `torch.nn.functional.scaled_dot_product_attention`,
+    `torch.log_softmax`), so the untouched model's and the engine's calls are both timed."""
+
+    OPS = (
+        (torch.nn.functional, "linear"),
+        (torch.nn.functional, "scaled_dot_product_attention"),
+        (torch, "log_softmax"),
+    )
+
+    def __init__(self):
+        self.seconds = dict.fromkeys((name for _, name in self.OPS), 0.0)
+        self._originals = [(module, name, getattr(module, name)) for module, name in self.OPS]
+
+    def __enter__(self) -> "Arithmetic":
+        for module, name, original in self._originals:
+            setattr(module, name, self._timed(name, original))
+        return self
+
+    def __exit__(self, *exc):
+        for module, name, original in self._originals:
+            setattr(module, name, original)
+
+    def _timed(self, name, original):
+        seconds = self.seconds
+
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                seconds[name] += time.perf_counter() - started
+
+        return timed
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+
+def timed_run(run) -> tuple[float, Arithmetic]:
+    """Wall seconds of `run()`, and its arithmetic."""
+    with Arithmetic() as arithmetic:
+        started = time.perf_counter()
+        run()
+        return time.perf_counter() - started, arithmetic
+
+
+def median_run(run, repeats: int) -> dict:
+    """`run()`'s milliseconds, the median of `repeats` untimed runs; its host milliseconds (all but the arithmetic)
+    and its share in attention, from the shares of the timed run of median wall time of `repeats` more (the timers
+    cost a pass of many calls more than one of few, so they stay out of the milliseconds)."""
+    untimed = []
     for _ in range(repeats):
         started = time.perf_counter()
         run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        untimed.append(time.perf_counter() - started)
+    ms = 1000 * statistics.median(untimed)
+    timed = sorted((timed_run(run) for _ in range(repeats)), key=lambda r: r[0])
+    seconds, arithmetic = timed[len(timed) // 2]
+    return {
+        "ms": ms,
+        "host_ms": ms * (1 - arithmetic.total / seconds),
+        "attention_share": arithmetic.seconds["scaled_dot_product_attention"] / seconds,
+    }
 
 
-def plain_forward(path: Path, prompt: str, repeats: int) -> float:
-    """Seconds of one transformers forward of one row after `prompt`, on the untouched model."""
+def plain_forward(path: Path, prompt: str, repeats: int) -> dict:
+    """One transformers forward of one row after `prompt`, on the untouched model (`median_run`)."""
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with torch.inference_mode():
@@ -74,12 +140,11 @@ def plain_forward(path: Path, prompt: str, repeats: int) -> float:
         logits = model(torch.tensor([tokenizer.encode(prompt)]), cache=cache, use_cache=True).logits
         step = logits[0, -1].argmax().view(1, 1)
         model(step, cache=cache, use_cache=True)  # warm
-        return median_seconds(lambda: model(step, cache=cache, use_cache=True), repeats)
+        return median_run(lambda: model(step, cache=cache, use_cache=True), repeats)
 
 
 def merged_pass(member, prompts: list[str], repeats: int) -> dict:
-    """Seconds of one merged pass of one token after each prompt (the median of `repeats`), and the share of it in
-    scaled_dot_product_attention, each request's on its own."""
+    """One merged pass of one token after each prompt (`median_run`); its attention is each request's on its own."""
     slots = [member.clone() for _ in prompts]
     for slot, prompt in zip(slots, prompts):
         drive(slot.start(prompt))
@@ -90,23 +155,7 @@ def merged_pass(member, prompts: list[str], repeats: int) -> dict:
         backend.execute([Pass(MERGED, prepared, reads)], Execution())
 
     run()
-    seconds = median_seconds(run, repeats)
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    spent = [0.0]
-
-    def timed(*args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return sdpa(*args, **kwargs)
-        finally:
-            spent[0] += time.perf_counter() - started
-
-    torch.nn.functional.scaled_dot_product_attention = timed
-    try:
-        whole = median_seconds(run, 1)
-    finally:
-        torch.nn.functional.scaled_dot_product_attention = sdpa
-    return {"requests": len(prompts), "ms": 1000 * seconds, "attention_share": spent[0] / whole}
+    return {"requests": len(prompts)} | median_run(run, repeats)
 
 
 class KVCopies(TorchDispatchMode):
@@ -162,6 +211,13 @@ class KVCopies(TorchDispatchMode):
         return out
 
 
+def with_host_seconds(run, *args, **kwargs) -> dict:
+    """`run(*args, **kwargs)`'s record (seconds, passes, ...) and its `host_seconds`: all but its arithmetic."""
+    with Arithmetic() as arithmetic:
+        record = run(*args, **kwargs)
+    return record | {"host_seconds": record["seconds"] - arithmetic.total}
+
+
 def compare_host(requests: list[Request], repeats: int = 7, sizes: dict = REAL_DEPTH) -> dict:
     """The three parts of the module docstring, on the first model of the pair for `pass`."""
     root = deep_pair(sizes)
@@ -175,24 +231,35 @@ def compare_host(requests: list[Request], repeats: int = 7, sizes: dict = REAL_D
         (AutoTokenizer.from_pretrained(root / n), AutoModelForCausalLM.from_pretrained(root / n, dtype=torch.float32))
         for n in names
     ]
-    generate = [generate_greedy(tokenizer, model.eval(), requests) for tokenizer, model in plain_models]
-    adafuse = engine_run(ens, requests, "adafuse", {}, 8)
+    generate = [with_host_seconds(generate_greedy, t, m.eval(), requests) for t, m in plain_models]
+    # every pass on the engine's thread, as on a GPU; and side by side, the CPU's default (its two threads' arithmetic
+    # overlaps, so it has no host time to tell)
+    on_thread = with_host_seconds(engine_run, ens, requests, "adafuse", {}, 8, side_by_side=False)
+    side_by_side = engine_run(ens, requests, "adafuse", {}, 8)
     with KVCopies() as copies:
         counted = engine_run(ens, requests[:4], "adafuse", {}, 8)
     summed = sum(g["seconds"] for g in generate)
+    summed_host = sum(g["host_seconds"] for g in generate)
+    kept = ("seconds", "host_seconds", "passes", "rows_per_pass", "ms_per_pass")
     return {
         "sizes": sizes,
         "prompts": len(requests),
         "budget": requests[0].max_new_tokens,
         "pass": {
-            "plain_forward_ms": 1000 * plain,
+            "plain_forward": plain,
             "merged": passes,
-            "ratios": {f"merged_{p['requests']}_over_plain": p["ms"] / (1000 * plain) for p in passes},
+            "ratios": {f"merged_{p['requests']}_over_plain": p["ms"] / plain["ms"] for p in passes},
+            "host_ratios": {f"merged_{p['requests']}_over_plain": p["host_ms"] / plain["host_ms"] for p in passes},
         },
         "decode": {
-            "generate": [{k: g[k] for k in ("seconds", "passes", "ms_per_pass")} for g in generate],
-            "adafuse_b8": {k: adafuse[k] for k in ("seconds", "passes", "rows_per_pass", "ms_per_pass")},
-            "adafuse_b8_over_summed_generate": adafuse["seconds"] / summed,
+            "generate": [{k: g[k] for k in kept if k in g} for g in generate],
+            "adafuse_b8": {k: on_thread[k] for k in kept},
+            "adafuse_b8_side_by_side": {k: side_by_side[k] for k in kept if k != "host_seconds"},
+            "ratios": {
+                "adafuse_b8_over_summed_generate": on_thread["seconds"] / summed,
+                "adafuse_b8_side_by_side_over_summed_generate": side_by_side["seconds"] / summed,
+            },
+            "host_ratios": {"adafuse_b8_over_summed_generate": on_thread["host_seconds"] / summed_host},
         },
         "copies": {
             "passes": counted["passes"],
