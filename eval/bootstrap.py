@@ -3,7 +3,9 @@
 Resamples are drawn from a list of example ids, seeded by the ids themselves: two runs resampled on
 the same ids get the same resamples, which is what pairs them. A metric that averages per-example
 scores (EM, F1, accuracy) is resampled from the scores stored with each prediction; a corpus metric
-(BLEU, chrF) is recomputed on every resample.
+(BLEU, chrF) from its examples' sufficient statistics (eval/metrics.py `Metric.statistics`): a resample's
+score is that of its examples' summed n-gram counts, the number its corpus score gives; a corpus metric
+without them is recomputed from the text of every resample.
 """
 
 import zlib
@@ -35,11 +37,15 @@ def scores(run: Run, name: str, ids: Sequence[str], draws: np.ndarray) -> np.nda
         return 100 * per_example[rows].mean(axis=1)
     texts = [r["prediction"] if metric.raw else r["answer"] for r in run.records]
     references = [r["references"] for r in run.records]
+    if metric.statistics is not None:
+        per_example, score_of = metric.statistics(texts, references)
+        drawn = np.stack([np.bincount(row, minlength=len(texts)) for row in rows])  # times each example is drawn
+        return np.array([score_of(summed.tolist()) for summed in drawn @ per_example])  # integers: exact
     return np.array([metric.corpus([texts[i] for i in row], [references[i] for i in row]) for row in rows])
 
 
 def replicates(run: Run, name: str, ids: Sequence[str], count: int = RESAMPLES) -> np.ndarray:
-    """The run's metric on `count` resamples of `ids` (memoised: BLEU is slow to recompute)."""
+    """The run's metric on `count` resamples of `ids` (memoised: a table asks for a run's several times)."""
     key = (str(run.path), name, tuple(ids), count)
     if key not in _REPLICATES:
         _REPLICATES[key] = scores(run, name, ids, resamples(ids, count))

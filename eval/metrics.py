@@ -3,6 +3,11 @@
 Every metric scores every row: an empty prediction is the empty string and scores what it earns (0 for
 EM/acc), never dropped. The paper's lenient replicas live in `eval/paper_metrics.py` and join this
 registry once that module is imported.
+
+A corpus metric (BLEU, chrF, spBLEU) also gives each example's sufficient statistics (`Metric.statistics`):
+sacrebleu scores a corpus from the sum of its sentences' n-gram counts, so the score of any resample of the
+examples is the score of its summed counts, the very number its corpus score gives (integers summed in any order),
+which is how sacrebleu's own bootstrap resamples. Tables and reports resample through them (eval/bootstrap.py).
 """
 
 import os
@@ -13,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, partial
 
+import numpy as np
 import sacrebleu
 from sacrebleu.metrics import BLEU, CHRF
 
@@ -20,6 +26,8 @@ from adafuse.registry import Registry
 
 PerExample = Callable[[str, list[str]], float]
 Corpus = Callable[[list[str], list[list[str]]], float]
+# predictions (n,), references (n, k) -> each example's statistics (n, s) int64 and the score of their column sums
+Statistics = Callable[[list[str], list[list[str]]], tuple[np.ndarray, Callable[[list[int]], float]]]
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,8 @@ class Metric:
     # A BLEU: the sacrebleu tokenizer its corpus score uses now. metrics.json records it, and tables refuse to
     # compare BLEUs tokenized differently: the same text scores another number.
     bleu_tokenizer: Callable[[], str] | None = None
+    # A corpus metric's per-example statistics, whose sum it scores (module docstring); None: recomputed from text
+    statistics: Statistics | None = None
 
 
 METRICS = Registry("metric")
@@ -130,6 +140,19 @@ def corpus_score(scorer: BLEU | CHRF, predictions: list[str], references: list[l
     return scorer.corpus_score(predictions, reference_streams(references)).score
 
 
+def sacrebleu_statistics(scorer_of: Callable[[], BLEU | CHRF]) -> Statistics:
+    """`Metric.statistics` of sacrebleu's corpus score with the scorer `scorer_of()` gives (made on first use)."""
+
+    def statistics(predictions: list[str], references: list[list[str]]):
+        if len(predictions) != len(references):
+            raise ValueError(f"{len(predictions)} predictions but {len(references)} reference lists")
+        scorer = scorer_of()
+        counts = scorer._extract_corpus_statistics(predictions, reference_streams(references))
+        return np.asarray(counts, dtype=np.int64), lambda summed: scorer._compute_score_from_stats(summed).score
+
+    return statistics
+
+
 _BLEU = BLEU()
 _SENTENCE_BLEU = BLEU(effective_order=True)  # the CLI's sentence-level setting: one missing 4-gram would give 0
 _CHRF = CHRF()
@@ -144,9 +167,17 @@ def sentence_chrf(prediction: str, references: list[str]) -> float:
 
 
 METRICS.register("bleu")(
-    Metric(sentence_bleu, partial(corpus_score, _BLEU), scale=1.0, bleu_tokenizer=lambda: _BLEU.tokenizer_signature)
+    Metric(
+        sentence_bleu,
+        partial(corpus_score, _BLEU),
+        scale=1.0,
+        bleu_tokenizer=lambda: _BLEU.tokenizer_signature,
+        statistics=sacrebleu_statistics(lambda: _BLEU),
+    )
 )
-METRICS.register("chrf")(Metric(sentence_chrf, partial(corpus_score, _CHRF), scale=1.0))
+METRICS.register("chrf")(
+    Metric(sentence_chrf, partial(corpus_score, _CHRF), scale=1.0, statistics=sacrebleu_statistics(lambda: _CHRF))
+)
 
 
 def spm_model_path() -> str:
@@ -183,5 +214,11 @@ def corpus_spbleu(predictions: list[str], references: list[list[str]]) -> float:
 
 
 METRICS.register("spbleu")(
-    Metric(sentence_spbleu, corpus_spbleu, scale=1.0, bleu_tokenizer=lambda: flores101_bleu().tokenizer_signature)
+    Metric(
+        sentence_spbleu,
+        corpus_spbleu,
+        scale=1.0,
+        bleu_tokenizer=lambda: flores101_bleu().tokenizer_signature,
+        statistics=sacrebleu_statistics(flores101_bleu),
+    )
 )

@@ -22,6 +22,7 @@ committed grid predictions (tests/fixtures/authors_scorers/README.md).
 import re
 import unicodedata
 
+import numpy as np
 from sacrebleu.metrics import BLEU
 from word2number import w2n
 
@@ -252,19 +253,49 @@ def paper_bleu_scorer() -> BLEU:
     return flores101_bleu() if spbleu_available() else BLEU()
 
 
+def _scored_rows(generations: list[str], references: list[list[str]]) -> list[tuple[str, str] | None]:
+    """Each row as the authors' spBLEU scores it, (prediction, reference) in NFC, or None where it is dropped."""
+    if len(generations) != len(references):
+        raise ValueError(f"{len(generations)} generations but {len(references)} reference lists")
+    rows = [(authors_pred(gen), _single_reference(refs).strip()) for gen, refs in zip(generations, references)]
+    return [(_nfc(pred), _nfc(ref)) if pred and ref else None for pred, ref in rows]
+
+
 def paper_bleu(generations: list[str], references: list[list[str]]) -> float:
     """Mirrors eval_spbleu.py. Lenient: rows whose (cut, stripped) prediction or reference is empty are
     DROPPED instead of scoring 0, then corpus BLEU on NFC text, tokenized by `paper_bleu_scorer`. 0.0 when
     every row is dropped (the authors' script printed no score then)."""
-    if len(generations) != len(references):
-        raise ValueError(f"{len(generations)} generations but {len(references)} reference lists")
-    rows = [(authors_pred(gen), _single_reference(refs).strip()) for gen, refs in zip(generations, references)]
-    kept = [(_nfc(pred), _nfc(ref)) for pred, ref in rows if pred and ref]
+    kept = [row for row in _scored_rows(generations, references) if row is not None]
     if not kept:
         return 0.0
     return corpus_score(paper_bleu_scorer(), [pred for pred, _ in kept], [[ref] for _, ref in kept])
 
 
+def paper_bleu_statistics(generations: list[str], references: list[list[str]]):
+    """`Metric.statistics` of `paper_bleu`: a dropped row counts nothing; the last column counts the kept rows, so
+    that a resample of dropped rows alone scores 0.0, as `paper_bleu` does."""
+    rows = _scored_rows(generations, references)
+    kept = [i for i, row in enumerate(rows) if row is not None]
+    scorer = paper_bleu_scorer()
+    counts = scorer._extract_corpus_statistics([rows[i][0] for i in kept], [[rows[i][1] for i in kept]]) if kept else []
+    width = len(counts[0]) if counts else 0
+    statistics = np.zeros((len(rows), width + 1), dtype=np.int64)
+    if kept:
+        statistics[kept, :width] = counts
+        statistics[kept, width] = 1
+
+    def score_of(summed: list[int]) -> float:
+        return scorer._compute_score_from_stats(summed[:-1]).score if summed[-1] else 0.0
+
+    return statistics, score_of
+
+
 METRICS.register("paper_bleu")(
-    Metric(None, paper_bleu, raw=True, bleu_tokenizer=lambda: paper_bleu_scorer().tokenizer_signature)
+    Metric(
+        None,
+        paper_bleu,
+        raw=True,
+        bleu_tokenizer=lambda: paper_bleu_scorer().tokenizer_signature,
+        statistics=paper_bleu_statistics,
+    )
 )

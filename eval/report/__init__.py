@@ -24,7 +24,6 @@ from pathlib import Path
 from adafuse.errors import DataError
 from eval.bootstrap import RESAMPLES, standard_error
 from eval.collect import Run, read_config, read_metrics
-from eval.metrics import METRICS
 
 # Throughput figures shown per run, in this order (metrics.json "throughput").
 THROUGHPUT = ("seconds_per_example", "generated_tokens_per_second", "forward_passes", "rounds_per_example")
@@ -218,25 +217,21 @@ def query_of(prompt: str) -> str:
     return "\n".join(lines)
 
 
-def standard_errors(run: Run, resamples: int, corpus_resamples: int) -> dict[str, dict]:
-    """Each metric with its bootstrap standard error (eval/bootstrap.py) and the resamples it took: a
-    metric that averages per-example scores takes `resamples`; a corpus metric (BLEU, chrF) is recomputed
-    on every resample, seconds per hundred on a 100-sentence run, so it takes `corpus_resamples`."""
+def standard_errors(run: Run, resamples: int) -> dict[str, dict]:
+    """Each metric with its bootstrap standard error over `resamples` resamples (eval/bootstrap.py)."""
     out = {}
     for name, value in run.metrics["metrics"].items():
         registered = run.config["task"]["metrics"].get(name)
         if registered is None:  # a metric the task no longer lists: no scorer to resample
             out[name] = {"value": value, "se": None, "resamples": 0}
             continue
-        averages = getattr(METRICS[registered].corpus, "averages", None) is not None
-        count = resamples if averages else corpus_resamples
-        out[name] = {"value": value, "se": standard_error(run, name, count), "resamples": count}
+        out[name] = {"value": value, "se": standard_error(run, name, resamples), "resamples": resamples}
     return out
 
 
-def run_summary(rr: ReportRun, resamples: int, corpus_resamples: int) -> dict:
+def run_summary(rr: ReportRun, resamples: int) -> dict:
     run, m = rr.run, rr.run.metrics
-    metrics = standard_errors(run, resamples, corpus_resamples)
+    metrics = standard_errors(run, resamples)
     return {
         "label": rr.label(),
         "path": str(run.path),
@@ -260,11 +255,7 @@ def run_summary(rr: ReportRun, resamples: int, corpus_resamples: int) -> dict:
     }
 
 
-# BLEU and chrF recomputed this many times take ~10 s on a 100-sentence run (chrF most of it).
-CORPUS_RESAMPLES = 200
-
-
-def build_payload(run_dirs: list[Path], resamples: int = RESAMPLES, corpus_resamples: int = CORPUS_RESAMPLES) -> dict:
+def build_payload(run_dirs: list[Path], resamples: int = RESAMPLES) -> dict:
     """Everything the page shows. Examples are the first run's, in its order; the other runs' predictions
     join them by id (an example another run did not score shows none for it)."""
     if not run_dirs:
@@ -312,7 +303,7 @@ def build_payload(run_dirs: list[Path], resamples: int = RESAMPLES, corpus_resam
     for example in examples:
         example["prompt"] = example["prompt"][len(shared) :]
     return {
-        "runs": [run_summary(r, resamples, corpus_resamples) for r in runs],
+        "runs": [run_summary(r, resamples) for r in runs],
         "prompt_prefix": shared,
         "examples": examples,
     }

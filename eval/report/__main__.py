@@ -7,7 +7,7 @@ from pathlib import Path
 
 from adafuse.errors import AdaFuseError, ConfigError
 from eval.bootstrap import RESAMPLES
-from eval.report import CORPUS_RESAMPLES, write_report
+from eval.report import write_report
 from eval.report.browser import screenshot
 
 
@@ -30,21 +30,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (results/<task>/<method>/<pair>/<run_id>)")
     parser.add_argument("-o", "--output", type=Path, default=Path("report.html"), help="the HTML file to write")
     parser.add_argument(
-        "--resamples", type=int, default=RESAMPLES, help="bootstrap resamples of EM, F1, accuracy (default %(default)s)"
-    )
-    parser.add_argument(
-        "--corpus-resamples",
-        type=int,
-        default=CORPUS_RESAMPLES,
-        help="bootstrap resamples of BLEU and chrF, recomputed on each: slower (default %(default)s)",
+        "--resamples", type=int, default=RESAMPLES, help="bootstrap resamples of each metric (default %(default)s)"
     )
     parser.add_argument("--screenshot", type=Path, help="also a PNG of the page's top, by headless Chromium")
     args = parser.parse_args(argv)
-    if min(args.resamples, args.corpus_resamples) < 2:
+    if args.resamples < 2:
         parser.error("a standard error needs at least 2 resamples")
     try:
         check_writable(args.output)
-        out = write_report(args.runs, args.output, resamples=args.resamples, corpus_resamples=args.corpus_resamples)
+        out = write_report(args.runs, args.output, resamples=args.resamples)
     except AdaFuseError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -164,3 +164,18 @@ def test_registry_misses_suggest_close_names():
     assert not any(METRICS[name].raw for name in ("em", "f1", "acc", "bleu", "chrf", "spbleu"))
     with pytest.raises(UnknownNameError, match="bleu"):
         METRICS["blue"]
+
+
+@pytest.mark.parametrize("name", ["bleu", "chrf", "spbleu"])
+@pytest.mark.parametrize(
+    "draw", [[0, 1, 2, 3], [3, 3, 0, 1], [2, 2, 2, 2], [1, 0]], ids=["as-is", "repeats", "one-row", "two-rows"]
+)
+def test_a_corpus_score_of_a_resample_is_the_score_of_its_examples_summed_statistics(name, draw):
+    """What tables and reports resample through (eval/bootstrap.py): the same bits as the corpus score itself."""
+    if name == "spbleu" and not spbleu_available():
+        pytest.skip(f"spBLEU's SentencePiece model is not at {spm_model_path()} (scripts/prepare_data.py fetches it)")
+    references = [list(refs) for refs in zip(GERMAN_REFERENCES, GERMAN_SECOND_REFERENCES)]
+    metric = METRICS[name]
+    statistics, score_of = metric.statistics(GERMAN_PREDICTIONS, references)
+    resampled = metric.corpus([GERMAN_PREDICTIONS[i] for i in draw], [references[i] for i in draw])
+    assert score_of(statistics[draw].sum(axis=0).tolist()) == resampled

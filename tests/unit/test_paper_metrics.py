@@ -273,3 +273,14 @@ def test_replicas_are_registered_as_raw():
     assert all(METRICS[name].raw for name in names)
     assert METRICS["paper_bleu"].per_example is None
     assert METRICS["paper_em_nq"].corpus([" Prince", " Vancouver"], [["Prince"], ["Seattle"]]) == 50.0
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [[0, 1, 2, 3], [3, 3, 0, 2], [2, 2, 2, 2], [1, 1, 3, 0], [1, 1, 1, 1]],
+    ids=["as-is", "repeats", "one-row", "a-dropped-row-twice", "dropped-rows-alone"],
+)
+def test_paper_bleu_of_a_resample_is_the_score_of_its_rows_summed_statistics(draw, without_spm_model):
+    statistics, score_of = METRICS["paper_bleu"].statistics(PREDICTIONS, REFERENCES)
+    resampled = paper_bleu([PREDICTIONS[i] for i in draw], [REFERENCES[i] for i in draw])
+    assert score_of(statistics[draw].sum(axis=0).tolist()) == resampled  # the same bits, 0.0 where all dropped
