@@ -6,9 +6,10 @@ attention implementation is wrapped (`wrapped_attention`, registered in transfor
 packed pass (the forward context's `split`, adafuse/backend/forward.py) it runs once per request, on that
 request's positions laid out again as its pass alone lays them out (`unpack`: its rows and width, zeros at its
 own right padding), against the keys and values of its own cache, which grows exactly as in its pass alone
-(`SplitLayer`), with the mask the pass alone would build (transformers' own mask functions, `AloneMasks`), by
-the model's own attention function; the output goes back to the packed row (`pack`). Outside a packed pass the
-wrapper calls the original unchanged. (adafuse/backend/install.py routes a model's attention through it.)
+(`SplitLayer`, `SplitPass.per_request`), with the mask the pass alone would build (transformers' own mask
+functions, `AloneMasks`), by the model's own attention function; the output goes back to the packed row (`pack`).
+Outside a packed pass the wrapper calls the original unchanged. (adafuse/backend/install.py routes a model's
+attention through it.)
 
 On this CPU one attention call over all requests (padded) keeps no request's bits (tools/attention_probe.py);
 a backend that has one that does may route a packed pass through it instead.
@@ -54,16 +55,24 @@ class Span:
 
 @dataclass
 class SplitPass:
-    """A packed pass's requests, and the layer being run: each request's new keys and values, handed to its own
-    cache by `SplitLayer` and read back, grown, just before its attention runs (`attention`). `one_call`: a
+    """A packed pass's requests, their caches, and the layer being run: its new keys and values, set aside by
+    `SplitLayer` and handed to each request's own cache just before its attention runs (`attention`). `one_call`: a
     backend's attention over every request at once, `one_call(module, query, split, kwargs) -> (output, None)`,
     for the layers where it says it can (None from it: per request, as without)."""
 
     spans: list[Span]
     longest: int  # the longest request's cached positions before the pass
-    pending: list = field(default_factory=list)  # per request: (its cache layer, its new keys, its new values)
+    caches: list = field(default_factory=list)  # each request's cache
+    # the layer being run: (its index, each request's cache layer, its new keys, its new values), the keys and values
+    # as the model made them, (1, heads, positions, d) over the packed row
+    new: tuple | None = None
     one_call: Callable | None = None
     one_call_layout: Any = None  # what `one_call` derives from `spans` once and reads in every layer
+
+    def per_request(self) -> list[tuple]:
+        """Per request: its cache layer, and its new keys and values as its pass alone lays them out (`unpack`)."""
+        _, own, keys, values = self.new
+        return [(layer, unpack(keys, s), unpack(values, s)) for layer, s in zip(own, self.spans, strict=True)]
 
 
 def wrapped_attention(name: str) -> str | None:
@@ -95,12 +104,12 @@ def _attention(original):
             if done is not None:
                 return done
         out = query.new_empty(1, query.shape[2], query.shape[1], value.shape[-1])
-        for s, (own, new_keys, new_values) in zip(split.spans, split.pending, strict=True):
+        for s, (own, new_keys, new_values) in zip(split.spans, split.per_request(), strict=True):
             own_keys, own_values = own.update(new_keys, new_values)
             mask = masks.get(module.config, kwargs.get("sliding_window"), s, query)
             o, _ = original(module, unpack(query, s), own_keys, own_values, mask, **kwargs)
             out[0, s.start : s.start + s.count] = pack(o, s)
-        split.pending = []
+        split.new = None
         return out, None
 
     return attention
@@ -126,21 +135,19 @@ def pack(o: torch.Tensor, s: Span) -> torch.Tensor:
 
 
 class SplitLayer(DynamicLayer):
-    """One layer of a packed pass's cache (`split_cache`). The model sees one cache of the longest request's
-    length (it builds merged masks from it, which the split attention replaces); each request's new keys and
-    values are set aside for that request's own cache layer, which grows exactly as in its pass alone when the
-    attention that follows reads it (`SplitPass.pending`). No merged copy of any cache is made."""
+    """Layer `index` of a packed pass's cache (`split_cache`). The model sees one cache of the longest request's
+    length (it builds merged masks from it, which the split attention replaces); the pass's new keys and values are
+    set aside for the requests' own cache layers, which grow exactly as in their passes alone when the attention
+    that follows reads them (`SplitPass.new`). No merged copy of any cache is made."""
 
-    def __init__(self, own: list, split: SplitPass, placeholder: torch.Tensor):
+    def __init__(self, index: int, own: list, split: SplitPass, placeholder: torch.Tensor):
         super().__init__()
         self.lazy_initialization(placeholder, placeholder)
         self.keys, self.values = placeholder, placeholder  # (rows, 1, longest, 1), no memory: its length alone
-        self.own, self.split = own, split
+        self.index, self.own, self.split = index, own, split
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        self.split.pending = [
-            (own, unpack(key_states, s), unpack(value_states, s)) for own, s in zip(self.own, self.split.spans)
-        ]
+        self.split.new = (self.index, self.own, key_states, value_states)
         return key_states, value_states
 
 
@@ -148,9 +155,10 @@ def split_cache(caches: list[DynamicCache], split: SplitPass) -> DynamicCache:
     """The cache a packed pass hands the model: one `SplitLayer` per layer over the requests' own caches."""
     like = next(layer for c in caches for layer in c.layers)
     placeholder = torch.zeros((), dtype=like.dtype, device=like.device).expand(1, 1, split.longest, 1)
+    split.caches = caches
     packed = DynamicCache()
     for layer in range(len(caches[0].layers)):
-        packed.layers.append(SplitLayer([c.layers[layer] for c in caches], split, placeholder))
+        packed.layers.append(SplitLayer(layer, [c.layers[layer] for c in caches], split, placeholder))
     return packed
 
 

@@ -21,9 +21,10 @@ a round copies only its new positions. All layers are full-length, also for slid
 the model applies its window through the attention mask, and a full layer can be cut back anywhere, which a
 rejected word needs (transformers' sliding layers refuse once the window is full).
 
-A backend that reads positions where they lie (the CUDA backend's attention, adafuse/backend/cuda/attention.py) asks a
-layer to `append` a pass's new positions and for each row's `runs`: the buffers' rows its positions lie in, the
-context's first, the row's own after them; nothing is made into one tensor, and nothing is copied.
+A backend that reads positions where they lie (the CUDA backend's attention, adafuse/backend/cuda/attention.py) asks
+each layer, once per pass, to `claim` room for the pass's new positions (the buffer and the place its kernel writes
+them to) and for each row's `runs`: where the buffers' rows its positions lie in are, the context's first, the row's
+own after them; nothing is made into one tensor, and nothing is copied.
 
 Every buffer is charged to its model's `KVLedger` while it lives: the bytes of KV a model's contexts and forks
 hold now and at most, apart from the stored prefixes they share (adafuse/engine/executor.py reports them per
@@ -102,13 +103,14 @@ class KVBuffer:
         self.filled = max(self.filled, end)
 
 
-def _append(
-    buffer: KVBuffer | None, length: int, keys: torch.Tensor, values: torch.Tensor, room: int, ledger: KVLedger
+def _claim(
+    buffer: KVBuffer | None, length: int, new: int, room: int, ledger: KVLedger, keys=None, values=None
 ) -> KVBuffer:
-    """`keys` and `values` written after the first `length` positions of `buffer`: in place where `length` is its
-    end and it has room, else into a new buffer (the first `length` positions copied, `room` more after the new
-    ones; a context that holds nothing yet gets its first buffer so). The buffer that holds them."""
-    end = length + keys.shape[2]
+    """Room for `new` positions after the first `length` of `buffer`, marked written (the caller writes them before
+    anything reads them): the buffer itself where `length` is its end and it has room, else a new one (the first
+    `length` positions copied, `room` more after the new ones; a context that holds nothing yet gets its first
+    buffer so, shaped as `keys` and `values`). The buffer that takes them, at `length`."""
+    end = length + new
     if buffer is None:
         buffer = KVBuffer.shaped(keys, values, keys.shape[0], end + room, ledger)
     elif buffer.frozen or buffer.filled != length or end > buffer.capacity:
@@ -116,8 +118,21 @@ def _append(
         if length:
             grown.write(0, buffer.keys[:, :, :length], buffer.values[:, :, :length])
         buffer = grown
-    buffer.write(length, keys, values)
+    buffer.filled = max(buffer.filled, end)
     return buffer
+
+
+def _run(buffer: KVBuffer, row: int, length: int) -> tuple[int, int, int, int, int]:
+    """The first `length` positions of a buffer's row where they lie: the addresses of its first key and value, the
+    count, and the strides between positions and between heads, in elements."""
+    keys, values = buffer.keys, buffer.values
+    return (
+        keys.data_ptr() + row * keys.stride(0) * keys.element_size(),
+        values.data_ptr() + row * values.stride(0) * values.element_size(),
+        length,
+        keys.stride(2),
+        keys.stride(1),
+    )
 
 
 class ContextLayer(DynamicLayer):
@@ -150,15 +165,22 @@ class ContextLayer(DynamicLayer):
 
     def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Write the pass's new positions, (rows, heads, new, head_dim), after the context's."""
-        end = self.length + key_states.shape[2]
         if self.buffer is None:
             self.device, self.dtype = key_states.device, key_states.dtype
-        self._hold(_append(self.buffer, self.length, key_states, value_states, self.room, self.ledger), end)
+        buffer, at = self.claim(key_states.shape[2], key_states, value_states)
+        buffer.write(at, key_states, value_states)
 
-    def runs(self, row: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-        """Row `row`'s first `length` positions where they lie: one run of its buffer's row (heads, capacity,
-        head_dim)."""
-        return [(self.buffer.keys[row], self.buffer.values[row], length)]
+    def claim(self, new: int, keys=None, values=None) -> tuple[KVBuffer, int]:
+        """Room for a pass's `new` positions after the context's, held as written: the buffer they go in and where
+        (its rows are the context's). Whoever claims writes them there before anything reads them. `keys` and
+        `values` shape a context's first buffer."""
+        at = self.length
+        self._hold(_claim(self.buffer, at, new, self.room, self.ledger, keys, values), at + new)
+        return self.buffer, at
+
+    def runs(self, row: int, length: int) -> list[tuple[int, int, int, int, int]]:
+        """Row `row`'s first `length` positions where they lie: one run of its buffer's row (`_run`)."""
+        return [_run(self.buffer, row, length)]
 
     def crop(self, tokens_to_remove: int) -> None:
         """Keep all but the last `-tokens_to_remove` positions (transformers' convention); the next write copies
@@ -233,11 +255,18 @@ class ForkLayer(DynamicLayer):
     def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Write the pass's new positions, (rows, heads, new, head_dim), after each row's (`update` without making
         every row's whole keys and values: a reader of `runs` reads them where they lie)."""
-        end, new = self.upto + self.own_length, key_states.shape[2]
+        buffer, at = self.claim(key_states.shape[2])
+        buffer.write(at, key_states, value_states)
+
+    def claim(self, new: int) -> tuple[KVBuffer, int]:
+        """Room for a pass's `new` positions after each row's, held as written: the buffer they go in (its rows are
+        the fork's) and where. Whoever claims writes them there before anything reads them."""
+        end = self.upto + self.own_length
         at_tip = self.base.filled == end and not self.base.frozen and end + new <= self.base.capacity
         if self.rows == 1 and at_tip and (self.riding or not self.own_length):
-            self.base.write(end, key_states, value_states)
+            self.base.filled = end + new
             self.riding = True
+            buffer, at = self.base, end
         else:
             if self.riding:  # its positions move to a buffer of its own
                 self.own = KVBuffer.empty(self.base, 1, self.own_length + new + self.ROOM)
@@ -246,18 +275,17 @@ class ForkLayer(DynamicLayer):
                 self.riding = False
             elif self.own is None:
                 self.own = KVBuffer.empty(self.base, self.rows, new + self.ROOM)
-            self.own = _append(self.own, self.own_length, key_states, value_states, self.ROOM, self.own.ledger)
+            self.own = _claim(self.own, self.own_length, new, self.ROOM, self.own.ledger)
+            buffer, at = self.own, self.own_length
         self.own_length += new
+        return buffer, at
 
-    def runs(self, row: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-        """Row `row`'s first `length` positions where they lie: (keys, values, positions) runs of buffers' rows
-        (heads, capacity, head_dim), the context's first, the row's own after them."""
+    def runs(self, row: int, length: int) -> list[tuple[int, int, int, int, int]]:
+        """Row `row`'s first `length` positions where they lie (`_run`): the context's first, the row's own after
+        them."""
         if self.riding or length <= self.upto:
-            return [(self.base.keys[0], self.base.values[0], length)]
-        return [
-            (self.base.keys[0], self.base.values[0], self.upto),
-            (self.own.keys[row], self.own.values[row], length - self.upto),
-        ]
+            return [_run(self.base, 0, length)]
+        return [_run(self.base, 0, self.upto), _run(self.own, row, length - self.upto)]
 
     def of_rows(self, rows: list[int]) -> "ForkLayer":
         """A fork of the given rows, in that order, over the same context positions (their own copied; where it

@@ -6,6 +6,8 @@ own RMSNorm formula). What no GPU is needed to check:
 - a read's logits and cache, alone and among other reads (forks of several rows, rows of unequal length, a
   prompt's tail, steps after caches of other lengths), bit for bit, with the kernels; close to the CPU backend's;
 - a step's results come back on the host, and no pass reads a scalar back to the host while the step launches;
+- the host's work per layer does not grow with a pass's reads (its tables made once per pass), and the caches hold
+  what appending each read's positions layer by layer writes;
 - with the stock kernels (batch_exact=false) one call per layer, and the run records its passes as batch-dependent.
 
 As tests/unit/test_cuda_kernels.py, the checks run in a child process started with TRITON_INTERPRET=1 (the suite's
@@ -272,9 +274,10 @@ def test_a_pass_reads_every_row_where_it_lies_and_copies_no_kv(models):
     caches, inputs = mixed_reads(backend, model)
     run(backend, MERGED, model, [Read(c, x, n) for c, (x, n) in zip(caches, inputs)])  # the contexts get room
     steps = [torch.full((x.shape[0], 1), 3) for x, _ in inputs]
+    lengths = [c.get_seq_length() for c in caches]
     with KVCopies().watch(*caches) as counted:
         run(backend, MERGED, model, [Read(c, x) for c, x in zip(caches, steps)])
-    assert counted.copied == 0 and counted.written > 0
+    assert counted.copied == 0 and [c.get_seq_length() for c in caches] == [n + 1 for n in lengths]
     stock = CudaBackend("cpu", store=ProbeStore(None), stock_attention=stock_attention_per_request)
     torch.manual_seed(0)
     prepared = stock.prepare(llama())
@@ -283,3 +286,81 @@ def test_a_pass_reads_every_row_where_it_lies_and_copies_no_kv(models):
     with KVCopies().watch(*caches) as counted:
         run(stock, MERGED, prepared, [Read(c, x) for c, x in zip(caches, steps)], exact=False)
     assert counted.copied > 0
+
+
+def appended_layer_by_layer(module, query, split, kwargs):
+    """The slow, obvious way to the same attention: in every layer each read's cache appends its new positions
+    (torch's copies, `append`) and names its rows' runs, then our kernel reads them."""
+    from adafuse.backend.cuda import kernels
+    from adafuse.backend.cuda.attention import EMPTY_RUN, sequences
+
+    cu_q, _, max_q, _ = sequences(split.spans, query.device)
+    kv_heads, table = split.new[2].shape[1], []
+    for s, (own, new_keys, new_values) in zip(split.spans, split.per_request(), strict=True):
+        own.append(new_keys, new_values)
+        for row, live in enumerate(s.lengths):
+            runs = own.runs(row, s.length + live)
+            table.append([*runs, *[EMPTY_RUN] * (2 - len(runs))])
+    split.new = None
+    scale = kwargs.get("scaling") or module.scaling
+    runs = torch.tensor(table, dtype=torch.int64)
+    out = kernels.attention_in_place(
+        query[0].transpose(0, 1), runs, cu_q, kv_heads, scale, True, kwargs.get("sliding_window"), max_q
+    )
+    return out.unsqueeze(0), None
+
+
+def held(caches) -> list:
+    """Every layer's keys and values of every cache, as its reads see them (a fork's rows whole)."""
+    return [[(layer.keys.clone(), layer.values.clone()) for layer in cache.layers] for cache in caches]
+
+
+@interpreted
+def test_the_tables_made_once_a_pass_give_what_appending_layer_by_layer_gives(models, monkeypatch):
+    backend, model, _ = models
+    runs = {}
+    for way in ("tables", "layer by layer"):
+        if way == "layer by layer":
+            monkeypatch.setitem(backend._one_calls, "kernel", appended_layer_by_layer)
+        caches, inputs = mixed_reads(backend, model)
+        first = run(backend, MERGED, model, [Read(c, x, n) for c, (x, n) in zip(caches, inputs)])
+        after_first = held(caches)
+        steps = [torch.full((x.shape[0], 1), 3) for x, _ in inputs]  # a fork of one row at its context's end rides it
+        second = run(backend, MERGED, model, [Read(c, x) for c, x in zip(caches, steps)])
+        runs[way] = (first, after_first, second, held(caches))
+    mine, theirs = tensors(runs["tables"]), tensors(runs["layer by layer"])  # logits, then every cache's K/V
+    assert len(mine) == len(theirs) and all(torch.equal(a, b) for a, b in zip(mine, theirs))
+
+
+def tensors(nested) -> list[torch.Tensor]:
+    if isinstance(nested, torch.Tensor):
+        return [nested]
+    return [t for item in nested for t in tensors(item)]
+
+
+@interpreted
+def test_a_layer_makes_the_same_calls_whatever_the_reads(models, monkeypatch):
+    """The host's work in a layer does not grow with the pass's reads: the ops dispatched from one layer's write to
+    the next are as many for one read as for four (forks of three rows among them), and each layer writes once."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    backend, model, _ = models
+    layers = len(model.model.model.layers)
+    per_layer = []
+    for count in (1, 4):
+        caches, inputs = mixed_reads(backend, model)
+        with Ops() as ops:
+            run(backend, MERGED, model, [Read(c, x, n) for c, (x, n) in list(zip(caches, inputs))[:count]])
+        writes = [i for i, name in enumerate(ops.names) if name == "write_in_place"]
+        assert len(writes) == layers
+        per_layer.append([ops.names[a:b] for a, b in zip(writes, writes[1:])])
+    assert per_layer[0] == per_layer[1]

@@ -180,7 +180,7 @@ def launches(kernels, monkeypatch, dtype) -> list:
             return lambda *args, **kwargs: made.append((self.kernel, args, kwargs))
 
     monkeypatch.setattr(kernels, "_launchable", lambda *tensors: None)  # CPU tensors, never launched
-    for name in ("_linear_kernel", "_rms_norm_kernel", "_log_softmax_kernel", "_attention_kernel"):
+    for name in ("_linear_kernel", "_rms_norm_kernel", "_log_softmax_kernel", "_attention_kernel", "_write_kernel"):
         monkeypatch.setattr(kernels, name, Recorder(getattr(kernels, name)))
     x, weight = random(3, 96, dtype=dtype), random(80, 96, dtype=dtype)
     kernels._linear(x, weight, random(80, dtype=dtype))
@@ -192,6 +192,7 @@ def launches(kernels, monkeypatch, dtype) -> list:
     cu_q, cu_k = torch.tensor([0, 2, 5]), torch.tensor([0, 4, 9])
     kernels._varlen_attention(q, k, k, cu_q, cu_k, 0.1, True, 4, None)
     kernels._varlen_attention(q, k, k, cu_q, cu_k, 0.1, False, None, None)
+    kernels._write_in_place(k, k, torch.zeros(4, kernels.SLOT_FIELDS, dtype=torch.int64))
     monkeypatch.undo()
     return made
 
@@ -225,7 +226,8 @@ def global_reads(ptx: str) -> Counter:
 @compiled
 @pytest.mark.parametrize("dtype, capability", [(torch.bfloat16, 80), (torch.bfloat16, 90), (torch.float32, 90)])
 def test_the_kernels_compile_for_a100_and_h100(kernels, monkeypatch, require, dtype, capability):
-    """Triton's GPU compiler needs no GPU: each kernel, bound to the very arguments its op launches it with as a launch
+    """Triton's GPU compiler needs no GPU: each kernel (the cache writes' too), bound to the very arguments its op
+    launches it with as a launch
     binds them (the same specialization, alignment hints included, so the same kernel a GPU runs), compiles to a cubin
     for the A100 (sm_80) or the H100 (sm_90). The hints took: every tensor argument is 16-byte aligned, and the linear
     layer copies every element of its tiles to shared memory 16 bytes at a time (without the hints it loads one
@@ -264,6 +266,7 @@ def test_fake_kernels_give_output_shapes_without_running():
     q, k = torch.empty(6, 8, 64, device="meta"), torch.empty(20, 2, 64, device="meta")
     cu = torch.empty(3, dtype=torch.int32, device="meta")
     assert kernels.varlen_attention(q, k, k, cu, cu, 0.125).shape == q.shape
+    assert kernels.write_in_place(k, k, torch.empty(3, kernels.SLOT_FIELDS, dtype=torch.int64, device="meta")) is None
 
 
 # --- linear ---------------------------------------------------------------------------------------------------------
@@ -553,3 +556,24 @@ def test_keys_read_where_they_lie_give_the_bits_of_the_same_keys_packed(kernels,
     in_place = kernels.attention_in_place(q, torch.tensor(runs), cumulative[0], KV_HEADS, 0.3, causal, window)
     packed = kernels.varlen_attention(q, torch.cat(packed_k), torch.cat(packed_v), *cumulative, 0.3, causal, window)
     assert_same_bits(packed, in_place, "in place vs packed")
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_pass_s_new_keys_and_values_are_written_where_the_slots_say(kernels, dtype):
+    """write_in_place copies position slots[i, 0] of k and v (positions, kv_heads, d), zeros for -1, to the addresses
+    slot i names, heads its stride apart, bit for bit: into buffers' rows at any position, and nothing else moves."""
+    k, v = random(5, KV_HEADS, HEAD_DIM, dtype=dtype, seed=1), random(5, KV_HEADS, HEAD_DIM, dtype=dtype, seed=2)
+    k = k.transpose(0, 1).contiguous().transpose(0, 1)  # positions apart by d, heads by positions * d: as a model's
+    buffers = [random(2, KV_HEADS, 16, HEAD_DIM, dtype=dtype, seed=s) for s in (3, 4)]  # keys, values: 2 rows
+    expected = [b.clone() for b in buffers]
+    writes = [(0, 1, 7), (4, 0, 3), (-1, 1, 8), (2, 0, 15)]  # (source position, buffer row, position there)
+    slots = []
+    for source, row, at in writes:
+        keys, values = (b[row, :, at] for b in buffers)  # (kv_heads, d), heads apart by the buffer's own stride
+        slots.append([source, keys.data_ptr(), values.data_ptr(), keys.stride(0)])
+        expected[0][row, :, at] = k[source] if source >= 0 else 0
+        expected[1][row, :, at] = v[source] if source >= 0 else 0
+    kernels.write_in_place(k, v, torch.tensor(slots))
+    assert_same_bits(expected[0], buffers[0], "keys")
+    assert_same_bits(expected[1], buffers[1], "values")

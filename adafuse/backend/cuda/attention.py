@@ -6,44 +6,102 @@ live position (its context's, then its own). The call computes each sequence on 
 sliding window), so one launch replaces the per-request loop. A layer whose attention the call cannot compute
 (logit soft-capping, attention sinks) runs per request, as without.
 
-Our kernel reads each row's keys where they lie (`IN_PLACE`: each read's cache appends the pass's new positions,
-and hands the runs its rows' positions lie in, adafuse/member/cache.py): no key or value is copied. Torch's own
-call (`torch_varlen`, for the passes that need no exactness) takes them packed end to end (`packed_attention`):
-the keys of all rows are copied into one tensor for the call, a layer at a time, and let go after it.
+Our kernel reads each row's keys where they lie (`IN_PLACE`), and the host's work for it is done once per pass, not
+per layer (`InPlace`): at the first layer each read's cache claims, in every layer, room for the pass's new
+positions (adafuse/member/cache.py `claim`), and the addresses they go to and the runs every row's positions lie in
+become two tables on the GPU; each layer then makes two launches, whatever the reads: one writes its new keys and
+values where they go (`kernels.write_in_place`), one attends (`kernels.attention_in_place`). No key or value is
+copied. Torch's own call (`torch_varlen`, for the passes that need no exactness) takes them packed end to end
+(`packed_attention`): the keys of all rows are copied into one tensor for the call, a layer at a time.
 """
+
+from dataclasses import dataclass
 
 import torch
 
 from adafuse.backend.cuda import kernels
 from adafuse.backend.live import on_device
 
-EMPTY_RUN = [0] * kernels.RUN_FIELDS
+EMPTY_RUN = (0,) * kernels.RUN_FIELDS
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """What every layer of a pass reads, made once: each sequence's queries (`cu_q`, the longest's count), and per
+    layer the slots its new positions are written to, (layers, positions written, SLOT_FIELDS), and the runs every
+    row reads, (layers, rows, 2, RUN_FIELDS), int64 on the GPU. Made where every read's cache holds positions (a
+    merged pass reads after a prompt); None otherwise."""
+
+    cu_q: torch.Tensor
+    max_q: int
+    slots: torch.Tensor
+    runs: torch.Tensor
+
+    @classmethod
+    def of(cls, split, device) -> "InPlace | None":
+        if any(cache.get_seq_length() == 0 for cache in split.caches):  # a context read from nothing: no buffer yet
+            return None
+        sources, offsets = _positions(split.spans)  # the same in every layer
+        bases, runs = [], []
+        for layer in range(len(split.caches[0].layers)):
+            for s, cache in zip(split.spans, split.caches, strict=True):
+                own = cache.layers[layer]
+                buffer, at = own.claim(s.width)
+                keys, values = buffer.keys, buffer.values
+                bases.append((keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(2), keys.stride(1),
+                              keys.element_size(), at))  # fmt: skip
+                for row, live in enumerate(s.lengths):
+                    row_runs = own.runs(row, s.length + live)
+                    runs.append([*row_runs, *[EMPTY_RUN] * (2 - len(row_runs))])
+        layers, reads = len(split.caches[0].layers), len(split.spans)
+        slots = _slots(torch.tensor(bases, dtype=torch.int64).view(layers, reads, 7), sources, offsets)
+        cu_q, _, max_q, _ = sequences(split.spans, device)
+        runs = torch.tensor(runs, dtype=torch.int64).view(layers, -1, 2, kernels.RUN_FIELDS)
+        return cls(cu_q, max_q, on_device(slots, device), on_device(runs, device))
+
+
+def _positions(spans) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per position a pass writes to its reads' caches (each read's rows, each row's full width: its right padding
+    is written as zeros, as alone): its source in the packed row (-1: zeros), and (read, row, position) as offsets."""
+    sources, offsets, start = [], [], 0
+    for j, s in enumerate(spans):
+        for row, live in enumerate(s.lengths):
+            sources += [start + p if p < live else -1 for p in range(s.width)]
+            offsets += [(j, row, p) for p in range(s.width)]
+            start += live
+    return torch.tensor(sources, dtype=torch.int64), torch.tensor(offsets, dtype=torch.int64).view(-1, 3)
+
+
+def _slots(bases: torch.Tensor, sources: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """(layers, positions, SLOT_FIELDS): each position's source and the addresses it goes to in each layer, from
+    each layer's and read's buffer (`bases`: key and value addresses, strides between rows and positions and
+    heads, element size, where the pass's positions start)."""
+    read, row, position = offsets.unbind(1)
+    b = bases[:, read]  # (layers, positions, 7)
+    step = (row * b[..., 2] + (b[..., 6] + position) * b[..., 3]) * b[..., 5]
+    return torch.stack([sources.expand_as(step), b[..., 0] + step, b[..., 1] + step, b[..., 4]], dim=2)
 
 
 def in_place_attention(module, query, split, kwargs):
     """The `one_call` of our kernel: every row at once, each row's keys and values read where they lie
-    (`kernels.attention_in_place`). A row's runs are its buffers' rows as the cache hands them, their addresses
-    and strides in elements; they stay alive and unwritten until the kernel has read them (the pass's own
-    positions are written before it, and nothing writes a cache during a pass but the pass)."""
+    (`kernels.attention_in_place`), the layer's new ones written first where they go (`kernels.write_in_place`), both
+    from the tables made at the pass's first layer (`InPlace`). The buffers stay alive and nothing else writes them
+    during the pass."""
     if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
         return None
-    if split.one_call_layout is None:  # the same in every layer: each sequence's queries
-        split.one_call_layout = sequences(split.spans, query.device)
-    cu_q, _, max_q, _ = split.one_call_layout
-    table = []
-    kv_heads = split.pending[0][1].shape[1]
-    for s, (own, new_keys, new_values) in zip(split.spans, split.pending, strict=True):
-        own.append(new_keys, new_values)
-        for row, live in enumerate(s.lengths):
-            runs = [
-                [k.data_ptr(), v.data_ptr(), n, k.stride(1), k.stride(0)] for k, v, n in own.runs(row, s.length + live)
-            ]
-            table.append(runs + [EMPTY_RUN] * (2 - len(runs)))
-    split.pending = []
+    if split.one_call_layout is None:
+        split.one_call_layout = InPlace.of(split, query.device) or False
+    if split.one_call_layout is False:  # a read's context holds no buffer yet: per request
+        return None
+    layout = split.one_call_layout
+    layer, _, new_keys, new_values = split.new
+    split.new = None
+    kernels.write_in_place(new_keys[0].transpose(0, 1), new_values[0].transpose(0, 1), layout.slots[layer])
     q = query[0].transpose(0, 1)  # (positions, heads, d): the packed row's positions, row after row
     scale = kwargs.get("scaling") or module.scaling
-    runs = on_device(torch.tensor(table, dtype=torch.int64), query.device)
-    out = kernels.attention_in_place(q, runs, cu_q, kv_heads, scale, True, kwargs.get("sliding_window"), max_q)
+    out = kernels.attention_in_place(
+        q, layout.runs[layer], layout.cu_q, new_keys.shape[1], scale, True, kwargs.get("sliding_window"), layout.max_q
+    )
     return out.unsqueeze(0), None
 
 
@@ -58,12 +116,12 @@ def packed_attention(attend):
             split.one_call_layout = sequences(split.spans, query.device)
         cu_q, cu_k, max_q, max_k = split.one_call_layout
         keys, values = [], []
-        for s, (own, new_keys, new_values) in zip(split.spans, split.pending, strict=True):
+        for s, (own, new_keys, new_values) in zip(split.spans, split.per_request(), strict=True):
             k, v = own.update(new_keys, new_values)  # (rows, kv_heads, length + width, d)
             for row, live in enumerate(s.lengths):
                 keys.append(k[row, :, : s.length + live].transpose(0, 1))
                 values.append(v[row, :, : s.length + live].transpose(0, 1))
-        split.pending = []
+        split.new = None
         q = query[0].transpose(0, 1)  # (positions, heads, d): the packed row's positions, row after row
         scale = kwargs.get("scaling") or module.scaling
         out = attend(

@@ -419,6 +419,48 @@ def packed_runs(k: torch.Tensor, v: torch.Tensor, cu_k: torch.Tensor) -> torch.T
     return torch.stack([first, torch.zeros_like(first)], dim=1)
 
 
+SLOT_FIELDS = 4  # per position written: its source in the pass (-1: zeros), the key's and value's address, head stride
+
+
+@_jit()
+def _write_kernel(
+    K, V, SLOTS, stride_kt, stride_kh, stride_vt, stride_vh,
+    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Position program 0 of the pass's new keys and values, K and V (positions, heads, d), copied to where slot
+    program 0 says (`SLOTS`, int64, (slots, 4): the source position, -1 for zeros; the addresses of the key's and
+    the value's first element; the stride between heads there, in elements)."""
+    slot = SLOTS + tl.program_id(0).to(tl.int64) * 4
+    source = tl.load(slot)
+    key = tl.load(slot + 1).to(tl.pointer_type(K.dtype.element_ty))
+    value = tl.load(slot + 2).to(tl.pointer_type(V.dtype.element_ty))
+    head_stride = tl.load(slot + 3)
+    heads = tl.arange(0, BLOCK_H)
+    dims = tl.arange(0, BLOCK_D)
+    inside = (heads < HEADS)[:, None] & (dims < HEAD_DIM)[None, :]
+    read = inside & ((tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.int64) + source) >= 0)  # -1: zeros, nothing read
+    k = tl.load(K + source * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=read, other=0.0)
+    v = tl.load(V + source * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=read, other=0.0)
+    tl.store(key + heads[:, None] * head_stride + dims[None, :], k, mask=inside)
+    tl.store(value + heads[:, None] * head_stride + dims[None, :], v, mask=inside)
+
+
+def _write_in_place(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+    _check_dtype(k, v)
+    if k.dim() != 3 or k.shape != v.shape:
+        raise ValueError(f"write_in_place: k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if slots.dtype != torch.int64 or slots.dim() != 2 or slots.shape[1] != SLOT_FIELDS:
+        raise ValueError(f"write_in_place: slots {tuple(slots.shape)} {slots.dtype}")
+    _launchable(k, v, slots)
+    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+    if slots.shape[0]:
+        _write_kernel[(slots.shape[0],)](
+            k, v, slots.contiguous(), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            HEADS=k.shape[1], HEAD_DIM=k.shape[2], BLOCK_H=triton.next_power_of_2(k.shape[1]),
+            BLOCK_D=max(16, triton.next_power_of_2(k.shape[2])), num_warps=1,
+        )  # fmt: skip
+
+
 def _varlen_attention(q, k, v, cu_q, cu_k, scale, causal, window, max_len_q):
     _check_dtype(q, k, v)
     if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape or q.shape[2] != k.shape[2]:
@@ -518,6 +560,10 @@ def _attention_in_place_impl(
     return _attention_in_place(q, runs, cu_q, kv_heads, scale, causal, window, max_len_q)
 
 
+def _write_in_place_impl(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+    _write_in_place(k, v, slots)
+
+
 def _linear_fake(x, weight, bias=None):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
@@ -531,6 +577,7 @@ _op("rms_norm", _rms_norm_impl, _same_shape_fake)
 _op("log_softmax", _log_softmax_impl, _same_shape_fake)
 _op("varlen_attention", _varlen_attention_impl, _same_shape_fake)
 _op("attention_in_place", _attention_in_place_impl, _same_shape_fake)
+_op("write_in_place", _write_in_place_impl, lambda k, v, slots: None)
 
 
 # --- what the backend calls ----------------------------------------------------------------------------------------
@@ -601,3 +648,12 @@ def attention_in_place(
     `varlen_attention` gives the same keys packed end to end. Every run must stay alive and unwritten until the
     kernel has read it."""
     return torch.ops.adafuse.attention_in_place(q, runs, cu_q, kv_heads, scale, causal, window, max_len_q)
+
+
+def write_in_place(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+    """A pass's new keys and values, k and v (positions, kv_heads, d), written where they go in the caches, in one
+    launch: slot i (`slots`, int64, (slots, SLOT_FIELDS) on k's device) takes position slots[i, 0] of k and v (-1:
+    zeros, a row's right padding) to the addresses slots[i, 1] (key) and slots[i, 2] (value), each head
+    slots[i, 3] elements after the one before. The values are copied as they are. Every address must stay alive
+    until the launch has run."""
+    torch.ops.adafuse.write_in_place(k, v, slots)
