@@ -48,6 +48,8 @@ class InPlace:
                 own = cache.layers[layer]
                 buffer, at = own.claim(s.width)
                 keys, values = buffer.keys, buffer.values
+                if values.stride() != keys.stride():  # a run and a slot give keys' and values' places by one stride
+                    raise ValueError(f"keys strided {keys.stride()} and values {values.stride()} in one cache")
                 bases.append((keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(2), keys.stride(1),
                               keys.element_size(), at))  # fmt: skip
                 for row, live in enumerate(s.lengths):
