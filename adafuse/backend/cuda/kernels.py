@@ -457,7 +457,7 @@ def _write_in_place(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> No
         _write_kernel[(slots.shape[0],)](
             k, v, slots.contiguous(), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             HEADS=k.shape[1], HEAD_DIM=k.shape[2], BLOCK_H=triton.next_power_of_2(k.shape[1]),
-            BLOCK_D=max(16, triton.next_power_of_2(k.shape[2])), num_warps=1,
+            BLOCK_D=max(16, triton.next_power_of_2(k.shape[2])), num_warps=1, enable_fp_fusion=FP_FUSION,
         )  # fmt: skip
 
 
