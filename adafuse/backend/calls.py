@@ -1,6 +1,6 @@
 """How a pass calls a prepared model, whichever backend runs it: what a backend's `prepare` leaves (`prepared_for`),
-a read in a pass of its own (`alone_pass`), a prompt's shared prefix through the model's body (`prefix_pass`), a
-read's result from its logits (`finish`), and the memory a device has free (`device_free_memory`)."""
+a read in a pass of its own (`alone_pass`), a prompt's shared prefix through the model's body (`prefix_pass`) and a
+read's result from its logits (`finish`). (The memory a device has free is the backend interface's default.)"""
 
 import inspect
 import weakref
@@ -12,8 +12,6 @@ from adafuse.backend.forward import ForwardContext, forward_context
 from adafuse.backend.install import route_attention
 from adafuse.backend.interface import Pass, Prepared, Read
 from adafuse.backend.live import on_device, packed_logits, padded_rows
-
-MEMORY_SHARE = 0.8  # of the memory free at a step, what its passes may take
 
 
 def prepared_for(model) -> Prepared:
@@ -38,17 +36,6 @@ def kept_while_used() -> "weakref.WeakValueDictionary[int, Prepared]":
     long as the process, and holding them itself would keep every model it ever prepared, so an in-process sweep
     would hold each pair it loaded. A Prepared holds its model, so an id here is never a dead model's."""
     return weakref.WeakValueDictionary()
-
-
-def device_free_memory(device: torch.device) -> int:
-    """Bytes free on `device` now: the GPU's (`mem_get_info`, and what torch's allocator keeps reserved but holds
-    nothing in), else the host's available memory."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    import psutil
-
-    return psutil.virtual_memory().available
 
 
 def prefix_pass(p: Pass, context: ForwardContext) -> list[None]:

@@ -15,6 +15,8 @@ import torch
 # MERGED: one or more reads to the same weights in one packed pass, each computed exactly as in a pass of its own.
 PREFIX, PROMPT, ALONE, MERGED = "prefix", "prompt", "alone", "merged"
 
+MEMORY_SHARE = 0.8  # of the memory free at a step, what its passes may take
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -94,13 +96,20 @@ class Backend(ABC):
     def execute(self, passes: list[Pass], how: Execution) -> list[Ran]:
         """Run the passes of one step, each model's in order, as `how` asks; what each pass gave."""
 
-    @abstractmethod
     def memory_budget(self, device: torch.device) -> int:
-        """Bytes one pass on `device` may take now (the planner cuts merged passes to it)."""
+        """Bytes one pass on `device` may take now (the scheduler cuts merged passes to it): a share of what is free."""
+        return int(self.free_memory(device) * MEMORY_SHARE)
 
-    @abstractmethod
     def free_memory(self, device: torch.device) -> int:
-        """Bytes free on `device` now (the engine admits an example only where it has room)."""
+        """Bytes free on `device` now (the engine admits an example only where it has room): the GPU's
+        (`mem_get_info`, and what torch's allocator keeps reserved but holds nothing in), else the host's available
+        memory."""
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        import psutil
+
+        return psutil.virtual_memory().available
 
     @abstractmethod
     def describe(self, model: Prepared, exact: bool) -> dict:

@@ -15,9 +15,7 @@ import time
 import torch
 
 from adafuse.backend.calls import (
-    MEMORY_SHARE,
     alone_pass,
-    device_free_memory,
     finish,
     kept_while_used,
     prefix_pass,
@@ -82,12 +80,6 @@ class ExactBackend(Backend):
                 raise ValueError(f"a pass is {PREFIX!r}, {PROMPT!r}, {ALONE!r} or {MERGED!r}, not {p.kind!r}")
         seconds = time.perf_counter() - start
         return Ran(results, seconds, seconds)
-
-    def memory_budget(self, device: torch.device) -> int:
-        return int(device_free_memory(device) * MEMORY_SHARE)
-
-    def free_memory(self, device: torch.device) -> int:
-        return device_free_memory(device)
 
     def describe(self, model: Prepared, exact: bool) -> dict:
         return {

@@ -27,9 +27,7 @@ import weakref
 import torch
 
 from adafuse.backend.calls import (
-    MEMORY_SHARE,
     alone_pass,
-    device_free_memory,
     finish,
     kept_while_used,
     prefix_pass,
@@ -108,12 +106,6 @@ class CudaBackend(Backend):
             # one read or several, the packed pass: the very same kernels whoever shares it
             logits = merged_pass(p.model, list(p.reads), context, one_call)
             return [finish(read, result) for read, result in zip(p.reads, logits)]
-
-    def memory_budget(self, device: torch.device) -> int:
-        return int(device_free_memory(device) * MEMORY_SHARE)
-
-    def free_memory(self, device: torch.device) -> int:
-        return device_free_memory(device)
 
     def describe(self, model: Prepared, exact: bool) -> dict:
         return self.choices[model.model].describe(exact)
