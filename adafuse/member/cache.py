@@ -23,8 +23,10 @@ rejected word needs (transformers' sliding layers refuse once the window is full
 
 A backend that reads positions where they lie (the CUDA backend's attention, adafuse/backend/cuda/attention.py) asks
 each layer, once per pass, to `claim` room for the pass's new positions (the buffer and the place its kernel writes
-them to) and for each row's `runs`: where the buffers' rows its positions lie in are, the context's first, the row's
-own after them; nothing is made into one tensor, and nothing is copied.
+them to), and where each row's positions lie: the buffers a layer reads (`sources`, the context's, then a fork's
+own) and each row's runs in them (`run_plan`: which source, which of its rows, how many positions), a plan the same
+in every layer of a cache, since every layer is written alike; `runs` gives one layer's as addresses. Nothing is
+made into one tensor, and nothing is copied.
 
 Every buffer is charged to its model's `KVLedger` while it lives: the bytes of KV a model's contexts and forks
 hold now and at most, apart from the stored prefixes they share (adafuse/engine/executor.py reports them per
@@ -76,6 +78,16 @@ class KVBuffer:
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int, ledger: KVLedger, frozen: bool = False):
         self.keys, self.values, self.filled, self.ledger, self.frozen = keys, values, filled, ledger, frozen
         ledger.charge(self)
+        strides = keys.stride()  # read once: a buffer's tensors never change
+        self._layout = (keys.data_ptr(), values.data_ptr(), strides[0], strides[2], strides[1], keys.element_size())
+        self._same_strides = values.stride() == strides
+
+    def layout(self) -> tuple[int, int, int, int, int, int]:
+        """Where its rows lie, for a reader of addresses: its first key's and value's addresses, the strides between
+        rows, positions and heads in elements, and an element's bytes (keys' and values' places by one stride)."""
+        if not self._same_strides:
+            raise ValueError(f"keys strided {self.keys.stride()} and values {self.values.stride()} in one buffer")
+        return self._layout
 
     @classmethod
     @torch.inference_mode()
@@ -122,17 +134,16 @@ def _claim(
     return buffer
 
 
-def _run(buffer: KVBuffer, row: int, length: int) -> tuple[int, int, int, int, int]:
-    """The first `length` positions of a buffer's row where they lie: the addresses of its first key and value, the
-    count, and the strides between positions and between heads, in elements."""
-    keys, values = buffer.keys, buffer.values
-    return (
-        keys.data_ptr() + row * keys.stride(0) * keys.element_size(),
-        values.data_ptr() + row * values.stride(0) * values.element_size(),
-        length,
-        keys.stride(2),
-        keys.stride(1),
-    )
+def runs(layer, row: int, length: int) -> list[tuple[int, int, int, int, int]]:
+    """Row `row`'s first `length` positions of a context or fork layer where they lie, a run per buffer they are in
+    (its `run_plan` over its `sources`): the addresses of the run's first key and value, its count, and the strides
+    between positions and between heads, in elements."""
+    sources = layer.sources()
+    found = []
+    for source, buffer_row, count in layer.run_plan(row, length):
+        keys, values, rows, positions, heads, size = sources[source].layout()
+        found.append((keys + buffer_row * rows * size, values + buffer_row * rows * size, count, positions, heads))
+    return found
 
 
 class ContextLayer(DynamicLayer):
@@ -153,8 +164,25 @@ class ContextLayer(DynamicLayer):
 
     def _hold(self, buffer: KVBuffer | None, length: int) -> None:
         self.buffer, self.length = buffer, length
-        if buffer is not None:
-            self.keys, self.values = buffer.keys[:, :, :length], buffer.values[:, :, :length]
+
+    # its positions' views, made when read: a pass that reads them where they lie (`runs`) makes none
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self.buffer is None else self.buffer.keys[:, :, : self.length]
+
+    @keys.setter
+    def keys(self, value) -> None:
+        if value is not None:  # the mixin's __init__ sets None; a context's positions are its buffer's
+            raise AttributeError("a context's keys are its buffer's first positions: they cannot be set")
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self.buffer is None else self.buffer.values[:, :, : self.length]
+
+    @values.setter
+    def values(self, value) -> None:
+        if value is not None:
+            raise AttributeError("a context's values are its buffer's first positions: they cannot be set")
 
     def get_seq_length(self) -> int:
         return self.length
@@ -178,9 +206,13 @@ class ContextLayer(DynamicLayer):
         self._hold(_claim(self.buffer, at, new, self.room, self.ledger, keys, values), at + new)
         return self.buffer, at
 
-    def runs(self, row: int, length: int) -> list[tuple[int, int, int, int, int]]:
-        """Row `row`'s first `length` positions where they lie: one run of its buffer's row (`_run`)."""
-        return [_run(self.buffer, row, length)]
+    def sources(self) -> tuple[KVBuffer, ...]:
+        """The buffers its positions lie in (`run_plan` names them by index): its own."""
+        return (self.buffer,)
+
+    def run_plan(self, row: int, length: int) -> list[tuple[int, int, int]]:
+        """Where row `row`'s first `length` positions lie, as (source, the source's row, count) runs: one."""
+        return [(0, row, length)]
 
     def crop(self, tokens_to_remove: int) -> None:
         """Keep all but the last `-tokens_to_remove` positions (transformers' convention); the next write copies
@@ -280,12 +312,16 @@ class ForkLayer(DynamicLayer):
         self.own_length += new
         return buffer, at
 
-    def runs(self, row: int, length: int) -> list[tuple[int, int, int, int, int]]:
-        """Row `row`'s first `length` positions where they lie (`_run`): the context's first, the row's own after
-        them."""
+    def sources(self) -> tuple[KVBuffer, ...]:
+        """The buffers its positions lie in (`run_plan` names them by index): the context's, then its own."""
+        return (self.base,) if self.own is None else (self.base, self.own)
+
+    def run_plan(self, row: int, length: int) -> list[tuple[int, int, int]]:
+        """Where row `row`'s first `length` positions lie, as (source, the source's row, count) runs: the context's
+        first, the row's own after them (where it rides the context's buffer, one run there)."""
         if self.riding or length <= self.upto:
-            return [_run(self.base, 0, length)]
-        return [_run(self.base, 0, self.upto), _run(self.own, row, length - self.upto)]
+            return [(0, 0, length)]
+        return [(0, 0, self.upto), (1, row, length - self.upto)]
 
     def of_rows(self, rows: list[int]) -> "ForkLayer":
         """A fork of the given rows, in that order, over the same context positions (their own copied; where it

@@ -35,9 +35,10 @@ HOST = torch.device("cpu")
 
 
 class Member:
-    def __init__(self, name: str, tokenizer, model, chat_template: bool = False):
-        """A member over a model loaded now: its runner (the backend prepares the model) and its tokenisation."""
-        runner = Runner(name, model)
+    def __init__(self, name: str, tokenizer, model, chat_template: bool = False, backend=None):
+        """A member over a model loaded now: its runner (the backend prepares the model; default: the process's
+        for the model's device type) and its tokenisation."""
+        runner = Runner(name, model, backend)
         generation_eos = getattr(model.generation_config, "eos_token_id", None)
         self._over(runner, Tokenisation(name, tokenizer, runner.vocab_size, generation_eos, chat_template))
 

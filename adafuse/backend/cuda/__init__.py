@@ -1,6 +1,7 @@
 """The CUDA backend's own kernels: fixed-order Triton kernels (linear, RMSNorm, log-softmax and attention over
 requests packed end to end) whose every row, or every request, gets the same bits whatever else shares the
-call, registered as torch ops `adafuse::*` (`kernels.py` says what each one fixes and what is verified where),
+call, registered as torch ops `adafuse::*` for tracing and launched directly in eager mode (`kernels.py` says what
+each one fixes and what is verified where),
 and the backend that runs a model's passes with them where the GPU's own kernels do not keep a row's bits
 (`backend.py`; `choice.py` probes which, `layers.py` and `attention.py` call them).
 

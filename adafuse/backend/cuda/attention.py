@@ -15,6 +15,8 @@ copied. Torch's own call (`torch_varlen`, for the passes that need no exactness)
 (`packed_attention`): the keys of all rows are copied into one tensor for the call, a layer at a time.
 """
 
+import itertools
+from array import array
 from dataclasses import dataclass
 
 import torch
@@ -22,15 +24,17 @@ import torch
 from adafuse.backend.cuda import kernels
 from adafuse.backend.live import on_device
 
-EMPTY_RUN = (0,) * kernels.RUN_FIELDS
-
 
 @dataclass(frozen=True)
 class InPlace:
     """What every layer of a pass reads, made once: each sequence's queries (`cu_q`, the longest's count), and per
     layer the slots its new positions are written to, (layers, positions written, SLOT_FIELDS), and the runs every
     row reads, (layers, rows, 2, RUN_FIELDS), int64 on the GPU. Made where every read's cache holds positions (a
-    merged pass reads after a prompt); None otherwise."""
+    merged pass reads after a prompt); None otherwise.
+
+    The host's work grows with the reads and layers by a claim and a buffer's place per read and layer; each row's
+    runs are planned once per read (a cache's layers are written alike: adafuse/member/cache.py `run_plan`) and
+    placed in every layer by tensor arithmetic."""
 
     cu_q: torch.Tensor
     max_q: int
@@ -41,25 +45,52 @@ class InPlace:
     def of(cls, split, device) -> "InPlace | None":
         if any(cache.get_seq_length() == 0 for cache in split.caches):  # a context read from nothing: no buffer yet
             return None
+        layers = len(split.caches[0].layers)
+        bases, places, plan = [], [], []  # per read and layer: its claim, its sources' places; per row: its runs
+        for j, (s, cache) in enumerate(zip(split.spans, split.caches, strict=True)):
+            claims = [layer.claim(s.width) for layer in cache.layers]
+            at = claims[0][1]
+            if any(a != at for _, a in claims):
+                raise ValueError(f"a cache's layers hold different lengths: {[a for _, a in claims]}")
+            bases += [(*buffer.layout(), at) for buffer, at in claims]
+            for layer in cache.layers:
+                sources = [b.layout() for b in layer.sources()]
+                places.append(sources + [EMPTY_PLACE] * (2 - len(sources)))
+            first = cache.layers[0]
+            for row, live in enumerate(s.lengths):
+                row_plan = [(j, *run) for run in first.run_plan(row, s.length + live)]
+                plan.append(row_plan + [(j, 0, 0, 0)] * (2 - len(row_plan)))
+        reads = len(split.spans)
         sources, offsets = _positions(split.spans)  # the same in every layer
-        bases, runs = [], []
-        for layer in range(len(split.caches[0].layers)):
-            for s, cache in zip(split.spans, split.caches, strict=True):
-                own = cache.layers[layer]
-                buffer, at = own.claim(s.width)
-                keys, values = buffer.keys, buffer.values
-                if values.stride() != keys.stride():  # a run and a slot give keys' and values' places by one stride
-                    raise ValueError(f"keys strided {keys.stride()} and values {values.stride()} in one cache")
-                bases.append((keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(2), keys.stride(1),
-                              keys.element_size(), at))  # fmt: skip
-                for row, live in enumerate(s.lengths):
-                    row_runs = own.runs(row, s.length + live)
-                    runs.append([*row_runs, *[EMPTY_RUN] * (2 - len(row_runs))])
-        layers, reads = len(split.caches[0].layers), len(split.spans)
-        slots = _slots(torch.tensor(bases, dtype=torch.int64).view(layers, reads, 7), sources, offsets)
+        slots = _slots(_int64(bases, 1).view(reads, layers, 7).transpose(0, 1), sources, offsets)
+        runs = _runs(_int64(places, 2).view(reads, layers, 2, 6).transpose(0, 1), _int64(plan, 2).view(-1, 2, 4))
         cu_q, _, max_q, _ = sequences(split.spans, device)
-        runs = torch.tensor(runs, dtype=torch.int64).view(layers, -1, 2, kernels.RUN_FIELDS)
         return cls(cu_q, max_q, on_device(slots, device), on_device(runs, device))
+
+
+EMPTY_PLACE = (0,) * 6  # a source no run reads
+
+
+def _int64(nested: list, depth: int) -> torch.Tensor:
+    """A flat int64 tensor of the integers of `nested`, lists `depth` deep (through a buffer: torch.tensor reads
+    a nested list element by element, some 100 ns each, and a pass's tables hold tens of thousands)."""
+    flat = nested
+    for _ in range(depth):
+        flat = itertools.chain.from_iterable(flat)
+    values = array("q", flat)
+    return torch.frombuffer(values, dtype=torch.int64) if values else torch.empty(0, dtype=torch.int64)
+
+
+def _runs(places: torch.Tensor, plan: torch.Tensor) -> torch.Tensor:
+    """(layers, rows, 2, RUN_FIELDS): each row's runs in each layer, from each layer's and read's sources' places
+    (`places`, (layers, reads, 2, 6): key and value addresses, strides between rows, positions and heads, element
+    size) and each row's plan (`plan`, (rows, 2, 4): its read, the source, the source's row, the count; a count of
+    0, no run: all zeros)."""
+    read, source, row, count = plan.unbind(2)
+    place = places[:, read, source]  # (layers, rows, 2, 6)
+    step = row * place[..., 2] * place[..., 5]
+    fields = [place[..., 0] + step, place[..., 1] + step, count.expand_as(step), place[..., 3], place[..., 4]]
+    return torch.stack(fields, dim=3) * (count > 0)[..., None]
 
 
 def _positions(spans) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,8 +107,8 @@ def _positions(spans) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _slots(bases: torch.Tensor, sources: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """(layers, positions, SLOT_FIELDS): each position's source and the addresses it goes to in each layer, from
-    each layer's and read's buffer (`bases`: key and value addresses, strides between rows and positions and
-    heads, element size, where the pass's positions start)."""
+    each layer's and read's buffer (`bases`, (layers, reads, 7): key and value addresses, strides between rows,
+    positions and heads, element size, where the pass's positions start)."""
     read, row, position = offsets.unbind(1)
     b = bases[:, read]  # (layers, positions, 7)
     step = (row * b[..., 2] + (b[..., 6] + position) * b[..., 3]) * b[..., 5]
