@@ -49,7 +49,8 @@
    against the other run and the committed results/grid run.
 12. `--only host`: the engine's host time per pass at the paper pair's real depth (32 layers, 32/8 heads) and a tiny
    width: one merged pass of 1, 8 and 32 requests against one plain transformers forward, AdaFuse exact at batch 8
-   against the members' summed `generate()`, and the KV bytes the engine copies per pass (tools/bench_host.py).
+   against the members' summed `generate()`, and the KV bytes the engine copies per pass (tools/bench_host.py); the
+   same through the CUDA backend's code with its kernels stood in for, the host's work for a pass on a GPU.
 Prints a table and writes the figures to results/bench/decode.json; `--only reference`, `authors`,
 `projection`, `lm_eval`, `exact`, `default_run`, `overhead`, `serve`, `memory` or `host` writes its section alone
 to reference.json, authors.json, projection.json, lm_eval.json, exact_batching.json, default_run.json,
@@ -829,6 +830,13 @@ def main() -> None:
                 host_time = "" if host_time is None else f", host time {host_time:.2f}"
                 print(f"  {name}: {value:.2f}{host_time} (goal {goal})")
         print(f"  KV bytes copied per pass: {host['copies']['kv_bytes_copied_per_pass']:.0f} (goal 0)")
+        kernel_path = host["kernel_path"]
+        print("  the CUDA backend's code, its kernels stood in for:")
+        for name, value in kernel_path["host_ratios"].items():
+            print(f"    {name}: host time {value:.2f} (goal for 8: <= 1.5)")
+        ratio, copied = kernel_path["adafuse_b8_host_over_summed_generate"], kernel_path["adafuse_b8"]
+        print(f"    adafuse_b8_over_summed_generate: host time {ratio:.2f} (goal <= 1.0); KV bytes copied per pass: "
+              f"{copied['kv_bytes_copied_per_pass']:.0f} (goal 0)")  # fmt: skip
     if args.only == "serve":
         print(f"10. adafuse-serve against offline decoding: {args.limit} nq prompts, 1, 8 and 32 clients", flush=True)
         record["serve"] = serve = compare_serve(

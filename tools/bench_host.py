@@ -15,7 +15,11 @@ GPU (tools/make_paper_pair.py writes the pair: real tokenizers and configs, seed
    thread, as on a GPU, and side by side on the CPU's two threads, the CPU's default;
 3. `copies`: the bytes of KV the engine copies per pass in an AdaFuse run at batch 8 (any op that reads a KV
    buffer's memory into other memory: concatenations, clones, gathers, a buffer grown or a row committed), and the
-   bytes of new KV it writes, per pass.
+   bytes of new KV it writes, per pass;
+4. `kernel_path`: the same merged passes and the same AdaFuse run through the CUDA backend's code
+   (adafuse/backend/cuda/), its kernels stood in for by torch's ops on this CPU (`KernelStandIns`): every line of
+   the host's work for a pass on a GPU, with the kernels' own time (the GPU's, there) counted apart as arithmetic,
+   and the launches a pass makes.
 
 At a tiny width the arithmetic that grows with a pass's rows is still not nothing on a CPU: the vocabulary
 projection (128,256 x 64 for Llama-3) takes 1.2 ms for one row and 6 ms for eight here, where a GPU takes the
@@ -23,20 +27,27 @@ same time for both; so every figure also comes as host time, its wall time less 
 the arithmetic (linear layers, attention, log-softmax), which is what a GPU's host would spend.
 """
 
+import bisect
 import statistics
 import time
 import weakref
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from adafuse import Ensemble, ModelConfig, Request
-from adafuse.backend import MERGED, Execution, Pass, Read
+from adafuse.backend import MERGED, PROMPT, Execution, Pass, Read
+from adafuse.backend.cuda import kernels
+from adafuse.backend.cuda.backend import CudaBackend
+from adafuse.backend.cuda.choice import Choice, Ops
+from adafuse.backend.probe_store import ProbeStore
 from adafuse.config import default_cache_dir
 from adafuse.engine.loop import drive
+from adafuse.loading.pretrained import load_pretrained
 from adafuse.member import cache as kv
+from adafuse.member.member import Member
 from tools import make_paper_pair
 from tools.bench_overhead import engine_run, generate_greedy
 
@@ -74,9 +85,9 @@ class Arithmetic:
         (torch, "log_softmax"),
     )
 
-    def __init__(self):
-        self.seconds = dict.fromkeys((name for _, name in self.OPS), 0.0)
-        self._originals = [(module, name, getattr(module, name)) for module, name in self.OPS]
+    def __init__(self, ops: tuple = OPS):
+        self.seconds = dict.fromkeys((name for _, name in ops), 0.0)
+        self._originals = [(module, name, getattr(module, name)) for module, name in ops]
 
     def __enter__(self) -> "Arithmetic":
         for module, name, original in self._originals:
@@ -104,47 +115,61 @@ class Arithmetic:
         return sum(self.seconds.values())
 
 
-def timed_run(run) -> tuple[float, Arithmetic]:
-    """Wall seconds of `run()`, and its arithmetic."""
-    with Arithmetic() as arithmetic:
+def timed_run(run, ops: tuple = Arithmetic.OPS) -> tuple[float, Arithmetic]:
+    """Wall seconds of `run()`, and its arithmetic (the time inside `ops`)."""
+    with Arithmetic(ops) as arithmetic:
         started = time.perf_counter()
         run()
         return time.perf_counter() - started, arithmetic
 
 
-def median_run(run, repeats: int) -> dict:
-    """`run()`'s milliseconds, the median of `repeats` untimed runs; its host milliseconds (all but the arithmetic)
-    and its share in attention, from the shares of the timed run of median wall time of `repeats` more (the timers
-    cost a pass of many calls more than one of few, so they stay out of the milliseconds)."""
-    untimed = []
+def median_runs(runs: dict, repeats: int, ops: tuple = Arithmetic.OPS) -> dict:
+    """Each run's milliseconds, the median of `repeats` untimed calls, the runs taking turns (a slower minute on a
+    shared machine slows them all alike); its host milliseconds (all but the arithmetic, the time inside `ops`) and
+    its share in attention, from the shares of its timed call of median wall time of `repeats` more (the timers cost
+    a pass of many calls more than one of few, so they stay out of the milliseconds)."""
+    untimed = {name: [] for name in runs}
     for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        untimed.append(time.perf_counter() - started)
-    ms = 1000 * statistics.median(untimed)
-    timed = sorted((timed_run(run) for _ in range(repeats)), key=lambda r: r[0])
-    seconds, arithmetic = timed[len(timed) // 2]
-    return {
-        "ms": ms,
-        "host_ms": ms * (1 - arithmetic.total / seconds),
-        "attention_share": arithmetic.seconds["scaled_dot_product_attention"] / seconds,
-    }
+        for name, run in runs.items():
+            started = time.perf_counter()
+            run()
+            untimed[name].append(time.perf_counter() - started)
+    timed = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            timed[name].append(timed_run(run, ops))
+    measured = {}
+    for name in runs:
+        ms = 1000 * statistics.median(untimed[name])
+        seconds, arithmetic = sorted(timed[name], key=lambda r: r[0])[repeats // 2]
+        measured[name] = {
+            "ms": ms,
+            "host_ms": ms * (1 - arithmetic.total / seconds),
+            "attention_share": arithmetic.seconds.get("scaled_dot_product_attention", 0.0) / seconds,
+        }
+    return measured
 
 
-def plain_forward(path: Path, prompt: str, repeats: int) -> dict:
-    """One transformers forward of one row after `prompt`, on the untouched model (`median_run`)."""
+def plain_step(path: Path, prompt: str):
+    """One transformers forward of one row after `prompt`, on the untouched model, as a call to time."""
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with torch.inference_mode():
         cache = DynamicCache()
         logits = model(torch.tensor([tokenizer.encode(prompt)]), cache=cache, use_cache=True).logits
         step = logits[0, -1].argmax().view(1, 1)
-        model(step, cache=cache, use_cache=True)  # warm
-        return median_run(lambda: model(step, cache=cache, use_cache=True), repeats)
+
+    @torch.inference_mode()
+    def run():
+        model(step, cache=cache, use_cache=True)
+
+    run()  # warm
+    return run
 
 
-def merged_pass(member, prompts: list[str], repeats: int) -> dict:
-    """One merged pass of one token after each prompt (`median_run`); its attention is each request's on its own."""
+def merged_step(member, prompts: list[str]):
+    """One merged pass of one token after each prompt through the member's backend, as a call to time; its attention
+    is each request's on its own."""
     slots = [member.clone() for _ in prompts]
     for slot, prompt in zip(slots, prompts):
         drive(slot.start(prompt))
@@ -155,7 +180,166 @@ def merged_pass(member, prompts: list[str], repeats: int) -> dict:
         backend.execute([Pass(MERGED, prepared, reads)], Execution())
 
     run()
-    return {"requests": len(prompts)} | median_run(run, repeats)
+    return run
+
+
+class KernelStandIns:
+    """The CUDA backend's kernels (adafuse/backend/cuda/kernels.py) stood in for, while active, by torch's ops on this
+    CPU, so that a pass runs every line of the host's work for it on a GPU and computes what the kernels compute,
+    near enough to decode as they would: linear and RMSNorm by torch's, the cache write and attention read the KV
+    buffers at the addresses the backend's tables give (`_at`: every KV buffer made while active is known by its
+    address). Their bits are not the kernels' (tests/engine/test_cuda_backend.py checks those under Triton's
+    interpreter). The stand-ins are where a GPU's launches are (`OPS`, for `Arithmetic`: their time is the GPU's
+    there), and they count them (`launches`)."""
+
+    OPS = tuple(
+        (kernels, name)
+        for name in ("_linear", "_rms_norm", "_write_in_place", "_attention_in_place", "_varlen_attention")
+    )
+
+    def __init__(self, reading_kv: bool = True):
+        """`reading_kv=False`: the cache write does nothing and attention gives zeros, which is all a pass's host time
+        needs, and leaves the host's caches to the host, as a GPU's kernels do (the KV that stand-ins read evicts
+        the host's own data, and its time, though counted apart, slows the host code that follows)."""
+        self.reading_kv = reading_kv
+        self.launches = 0
+        self._tensors: dict[int, weakref.ref] = {}  # a live KV buffer's storage address -> a tensor over it
+        self._starts: list[int] | None = None  # their addresses, sorted (None: to sort again)
+
+    def __enter__(self) -> "KernelStandIns":
+        stand_ins = {
+            "_linear": lambda x, weight, bias: torch._C._nn.linear(x, weight, bias),
+            "_rms_norm": self._rms_norm,
+            "_write_in_place": self._write if self.reading_kv else lambda k, v, slots: None,
+            "_attention_in_place": self._attention if self.reading_kv else lambda q, *args: torch.zeros_like(q),
+            "_varlen_attention": lambda q, *args: torch.zeros_like(q),  # the probes' only: every pass reads in place
+        }
+        self._originals = {name: getattr(kernels, name) for name in stand_ins}
+        for name, stand_in in stand_ins.items():
+            setattr(kernels, name, self._counted(stand_in))
+        self._made = kv.KVBuffer.__init__
+        if self.reading_kv:
+            kv.KVBuffer.__init__ = self._registering(self._made)
+        return self
+
+    def __exit__(self, *exc):
+        for name, original in self._originals.items():
+            setattr(kernels, name, original)
+        kv.KVBuffer.__init__ = self._made
+
+    def _counted(self, stand_in):
+        def launch(*args):
+            self.launches += 1
+            with _disable_current_modes():  # what a kernel reads is no copy of the host's (`KVCopies`)
+                return stand_in(*args)
+
+        return launch
+
+    def _registering(self, made):
+        def init(buffer, keys, values, *args, **kwargs):
+            made(buffer, keys, values, *args, **kwargs)
+            for t in (keys, values):
+                address, known = t.untyped_storage().data_ptr(), weakref.ref(t)
+                self._tensors[address], self._starts = known, None
+                weakref.finalize(buffer, self._forget, address, known)
+
+        return init
+
+    def _forget(self, address: int, known: weakref.ref) -> None:
+        if self._tensors.get(address) is known:  # not a later buffer's at the same address
+            del self._tensors[address]
+            self._starts = None
+
+    def _at(self, address: int, shape: tuple, strides: tuple) -> torch.Tensor:
+        """The tensor of `shape` and `strides` (in elements) that starts at `address`, inside a KV buffer."""
+        if self._starts is None:
+            self._starts = sorted(self._tensors)
+        start = self._starts[bisect.bisect_right(self._starts, address) - 1]
+        tensor = self._tensors[start]()
+        return tensor.as_strided(shape, strides, (address - start) // tensor.element_size())
+
+    @staticmethod
+    def _rms_norm(x, weight, eps, offset, cast_before_weight):
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        return (normed.to(x.dtype) * (offset + weight) if cast_before_weight else normed * (offset + weight)).to(
+            x.dtype
+        )
+
+    def _write(self, k, v, slots) -> None:
+        for source, key_at, value_at, head_stride in slots.tolist():
+            for new, at in ((k, key_at), (v, value_at)):
+                place = self._at(at, tuple(new.shape[1:]), (head_stride, 1))
+                place.copy_(new[source]) if source >= 0 else place.zero_()
+
+    def _attention(self, q, runs, cu_q, kv_heads, scale, causal, window, max_len_q):
+        out, bounds = torch.empty_like(q), cu_q.tolist()
+        for b, request_runs in enumerate(runs.tolist()):
+            keys, values = [], []
+            for key_at, value_at, length, position_stride, head_stride in request_runs:
+                if length:
+                    shape, strides = (length, kv_heads, q.shape[2]), (position_stride, head_stride, 1)
+                    keys.append(self._at(key_at, shape, strides))
+                    values.append(self._at(value_at, shape, strides))
+            k, v = (parts[0] if len(parts) == 1 else torch.cat(parts) for parts in (keys, values))
+            queries = q[bounds[b] : bounds[b + 1]]
+            seen = None  # a request's last query sees every key
+            if len(queries) > 1 or window:
+                position = torch.arange(len(k) - len(queries), len(k))[:, None]
+                seen = torch.arange(len(k))[None, :] <= position
+                if window:
+                    seen &= torch.arange(len(k))[None, :] > position - window
+            attended = torch._C._nn.scaled_dot_product_attention(
+                queries.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), seen, scale=scale, enable_gqa=True
+            )
+            out[bounds[b] : bounds[b + 1]] = attended.transpose(0, 1)
+        return out
+
+
+EVERY_KERNEL = Choice(exact=Ops(True, True, "kernel"), stock=Ops(False, False, "stock"), failing=[])
+
+
+def kernel_path_steps(path: Path, prompts: list[str], counts: tuple[int, ...], stand_ins: "KernelStandIns") -> dict:
+    """Merged passes of `counts` requests of one token each after their prompts (`prompts`, cycled) through the CUDA
+    backend's code on this CPU, its kernels stood in for (`stand_ins`, active), every op taken as kernel (as where the
+    GPU's probes find the stock ones move a row's bits): per count, the pass as a call to time (with `stand_ins`
+    active) and its launches."""
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    backend = CudaBackend("cpu", store=ProbeStore(None))
+    prepared = backend.prepare(model)
+    backend.choices[model] = EVERY_KERNEL  # as where a GPU's probes find the stock kernels move a row's bits
+    steps = {}
+    for count in counts:
+        contexts = []  # a context of its own per request, as the engine's
+        for prompt in (prompts * count)[:count]:
+            read = Read(DynamicCache(), torch.tensor([tokenizer.encode(prompt)]), last_only=True)
+            backend.execute([Pass(PROMPT, prepared, (read,))], Execution())
+            contexts.append(kv.context_cache(read.cache, kv.KVLedger()))
+
+        def run(caches=contexts):
+            reads = tuple(Read(c, torch.tensor([[5]])) for c in caches)
+            backend.execute([Pass(MERGED, prepared, reads)], Execution())
+
+        run()
+        stand_ins.launches = 0
+        run()
+        steps[count] = (run, stand_ins.launches)
+    return steps
+
+
+OPS_ON_A_GPU = Arithmetic.OPS + KernelStandIns.OPS
+
+
+def kernel_path_ensemble(root: Path) -> Ensemble:
+    """The pair as members whose passes run through the CUDA backend's code on this CPU, every op taken as kernel; to
+    be run with `KernelStandIns` active (reading KV), made while they are."""
+    backend = CudaBackend("cpu", store=ProbeStore(None))
+    members = []
+    for name in make_paper_pair.DEFAULT:
+        tokenizer, model = load_pretrained(ModelConfig(name=name, path=str(root / name), dtype="float32"))
+        members.append(Member(name, tokenizer, model, backend=backend))
+        backend.choices[model] = EVERY_KERNEL
+    return Ensemble(members)
 
 
 class KVCopies(TorchDispatchMode):
@@ -211,33 +395,68 @@ class KVCopies(TorchDispatchMode):
         return out
 
 
-def with_host_seconds(run, *args, **kwargs) -> dict:
-    """`run(*args, **kwargs)`'s record (seconds, passes, ...) and its `host_seconds`: all but its arithmetic."""
-    with Arithmetic() as arithmetic:
+def stored_prefixes(ens: Ensemble) -> list:
+    """The caches of the prompt prefixes the members keep (made before a counter starts, read by the runs it counts)."""
+    return [cache for m in ens.members for _, cache in m.runner.prompts.entries]
+
+
+def with_host_seconds(run, *args, ops: tuple = Arithmetic.OPS, **kwargs) -> dict:
+    """`run(*args, **kwargs)`'s record (seconds, passes, ...) and its `host_seconds`: all but its arithmetic (the
+    time inside `ops`)."""
+    with Arithmetic(ops) as arithmetic:
         record = run(*args, **kwargs)
     return record | {"host_seconds": record["seconds"] - arithmetic.total}
 
 
-def compare_host(requests: list[Request], repeats: int = 7, sizes: dict = REAL_DEPTH) -> dict:
-    """The three parts of the module docstring, on the first model of the pair for `pass`."""
+COUNTS = (1, 8, 32)  # requests in the merged passes timed
+
+
+def compare_host(requests: list[Request], repeats: int = 7, sizes: dict = REAL_DEPTH, rounds: int = 2) -> dict:
+    """The four parts of the module docstring, on the first model of the pair for the passes; every pass timed taking
+    turns with the others (`median_runs`), every decode `rounds` times, taking turns, its least disturbed round
+    kept (the fewest seconds)."""
     root = deep_pair(sizes)
     names = make_paper_pair.DEFAULT
     ens = Ensemble.from_config([ModelConfig(name=n, path=str(root / n), dtype="float32") for n in names])
     prompts = [r.prompt for r in requests]
-    plain = plain_forward(root / names[0], prompts[0], repeats)
-    passes = [merged_pass(ens.members[0], (prompts * n)[:n], repeats) for n in (1, 8, 32)]
-    engine_run(ens, requests[:2], "adafuse", {}, 8)  # warm: probes, prefixes
+    with KernelStandIns(reading_kv=False) as stand_ins:  # only the CUDA backend's code calls its kernels
+        steps = {"plain": plain_step(root / names[0], prompts[0])}
+        steps |= {("cpu", n): merged_step(ens.members[0], (prompts * n)[:n]) for n in COUNTS}
+        kernel_steps = kernel_path_steps(root / names[0], prompts, COUNTS, stand_ins)
+        steps |= {("kernel", n): run for n, (run, _) in kernel_steps.items()}
+        timed = median_runs(steps, repeats, OPS_ON_A_GPU)
+    plain = timed["plain"]
+    passes = [{"requests": n} | timed["cpu", n] for n in COUNTS]
+    kernel_passes = [{"requests": n, "launches": kernel_steps[n][1]} | timed["kernel", n] for n in COUNTS]
+
     plain_models = [
         (AutoTokenizer.from_pretrained(root / n), AutoModelForCausalLM.from_pretrained(root / n, dtype=torch.float32))
         for n in names
     ]
-    generate = [with_host_seconds(generate_greedy, t, m.eval(), requests) for t, m in plain_models]
-    # every pass on the engine's thread, as on a GPU; and side by side, the CPU's default (its two threads' arithmetic
-    # overlaps, so it has no host time to tell)
-    on_thread = with_host_seconds(engine_run, ens, requests, "adafuse", {}, 8, side_by_side=False)
-    side_by_side = engine_run(ens, requests, "adafuse", {}, 8)
-    with KVCopies() as copies:
+    kernel_stand_ins = KernelStandIns()
+    with kernel_stand_ins:
+        kernel_ens = kernel_path_ensemble(root)
+        engine_run(kernel_ens, requests[:2], "adafuse", {}, 8)  # warm: prefixes
+    engine_run(ens, requests[:2], "adafuse", {}, 8)  # warm: probes, prefixes
+    runs = {"generate": [], "on_thread": [], "side_by_side": [], "kernel_path": []}
+    for _ in range(rounds):
+        runs["generate"].append([with_host_seconds(generate_greedy, t, m.eval(), requests) for t, m in plain_models])
+        # every pass on the engine's thread, as on a GPU; and side by side, the CPU's default (its two threads'
+        # arithmetic overlaps, so it has no host time to tell)
+        runs["on_thread"].append(with_host_seconds(engine_run, ens, requests, "adafuse", {}, 8, side_by_side=False))
+        runs["side_by_side"].append(engine_run(ens, requests, "adafuse", {}, 8))
+        with kernel_stand_ins:
+            kernel_stand_ins.launches = 0
+            run = with_host_seconds(engine_run, kernel_ens, requests, "adafuse", {}, 8, ops=OPS_ON_A_GPU)
+            runs["kernel_path"].append(run | {"launches": kernel_stand_ins.launches})
+    generate = min(runs["generate"], key=lambda pair: sum(g["seconds"] for g in pair))
+    on_thread, side_by_side, kernel_run = (
+        min(runs[k], key=lambda r: r["seconds"]) for k in ("on_thread", "side_by_side", "kernel_path")
+    )
+    with KVCopies().watch(*stored_prefixes(ens)) as copies:
         counted = engine_run(ens, requests[:4], "adafuse", {}, 8)
+    with kernel_stand_ins, KVCopies().watch(*stored_prefixes(kernel_ens)) as kernel_copies:
+        kernel_counted = engine_run(kernel_ens, requests[:4], "adafuse", {}, 8)
     summed = sum(g["seconds"] for g in generate)
     summed_host = sum(g["host_seconds"] for g in generate)
     kept = ("seconds", "host_seconds", "passes", "rows_per_pass", "ms_per_pass")
@@ -245,6 +464,7 @@ def compare_host(requests: list[Request], repeats: int = 7, sizes: dict = REAL_D
         "sizes": sizes,
         "prompts": len(requests),
         "budget": requests[0].max_new_tokens,
+        "rounds": rounds,
         "pass": {
             "plain_forward": plain,
             "merged": passes,
@@ -260,6 +480,15 @@ def compare_host(requests: list[Request], repeats: int = 7, sizes: dict = REAL_D
                 "adafuse_b8_side_by_side_over_summed_generate": side_by_side["seconds"] / summed,
             },
             "host_ratios": {"adafuse_b8_over_summed_generate": on_thread["host_seconds"] / summed_host},
+        },
+        "kernel_path": {
+            "merged": kernel_passes,
+            "host_ratios": {
+                f"merged_{p['requests']}_over_plain": p["host_ms"] / plain["host_ms"] for p in kernel_passes
+            },
+            "adafuse_b8": {k: kernel_run[k] for k in (*kept, "launches")}
+            | {"kv_bytes_copied_per_pass": kernel_copies.copied / max(kernel_counted["passes"], 1)},
+            "adafuse_b8_host_over_summed_generate": kernel_run["host_seconds"] / summed_host,
         },
         "copies": {
             "passes": counted["passes"],

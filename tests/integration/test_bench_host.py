@@ -3,12 +3,16 @@ KV counter sees a copy where the engine makes one (a fork's rows read with their
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from adafuse.backend import MERGED, Execution, Pass, Read
+from adafuse.backend import MERGED, PROMPT, Execution, Pass, Read
+from adafuse.backend.cuda.backend import CudaBackend
+from adafuse.backend.probe_store import ProbeStore
 from adafuse.engine.loop import drive
-from adafuse.member.cache import fork_cache
+from adafuse.member.cache import KVLedger, context_cache, fork_cache
+from tools import make_paper_pair
 from tools.bench_decode import task_requests
-from tools.bench_host import Arithmetic, KVCopies, compare_host
+from tools.bench_host import EVERY_KERNEL, Arithmetic, KernelStandIns, KVCopies, compare_host, deep_pair
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +21,7 @@ SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "n
 
 
 def test_the_host_bench_measures_every_figure(shared_data):
-    host = compare_host(task_requests("nq", 2, shared_data, budget=4), repeats=1, sizes=SMALL)
+    host = compare_host(task_requests("nq", 2, shared_data, budget=4), repeats=1, sizes=SMALL, rounds=1)
     plain = host["pass"]["plain_forward"]
     assert 0 < plain["host_ms"] < plain["ms"]
     assert [p["requests"] for p in host["pass"]["merged"]] == [1, 8, 32]
@@ -29,6 +33,42 @@ def test_the_host_bench_measures_every_figure(shared_data):
     assert set(decode["ratios"]) == {"adafuse_b8_over_summed_generate", "adafuse_b8_side_by_side_over_summed_generate"}
     assert set(decode["host_ratios"]) == {"adafuse_b8_over_summed_generate"}
     assert host["copies"]["passes"] > 0 and host["copies"]["kv_bytes_written_per_pass"] > 0
+    kernel_path = host["kernel_path"]
+    launches = {p["launches"] for p in kernel_path["merged"]}
+    assert len(launches) == 1 and launches.pop() > 0  # as many for 32 requests as for one: none per request
+    assert all(0 < p["host_ms"] < p["ms"] for p in kernel_path["merged"])
+    run = kernel_path["adafuse_b8"]
+    assert run["passes"] > 0 and 0 < run["host_seconds"] < run["seconds"] and run["launches"] > 0
+    assert kernel_path["adafuse_b8_host_over_summed_generate"] > 0
+
+
+def test_the_stand_ins_compute_what_the_model_computes():
+    """The kernel path's stand-ins read and write the KV where the backend's tables say: a merged pass of a step
+    after a prompt and a fork of three rows gives each row the logits of the untouched model's forward over its
+    whole sequence."""
+    path = deep_pair(SMALL) / make_paper_pair.DEFAULT[0]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    backend = CudaBackend("cpu", store=ProbeStore(None))
+    prompts = [tokenizer.encode(p) for p in ("Question: who wrote hamlet\nAnswer:", "Question: where is Lyon?")]
+    with KernelStandIns() as stand_ins, torch.inference_mode():
+        prepared = backend.prepare(model)
+        backend.choices[model] = EVERY_KERNEL
+        contexts = []
+        for ids in prompts:
+            read = Read(DynamicCache(), torch.tensor([ids]), last_only=True)
+            backend.execute([Pass(PROMPT, prepared, (read,))], Execution())
+            contexts.append(context_cache(read.cache, KVLedger()))
+        step, fork = torch.tensor([[11]]), torch.tensor([[5, 6], [7, 8], [9, 10]])
+        reads = (Read(contexts[0], step), Read(fork_cache(contexts[1], 3, len(prompts[1])), fork))
+        stand_ins.launches = 0
+        (ran,) = backend.execute([Pass(MERGED, prepared, reads)], Execution())
+        assert stand_ins.launches > 0  # the pass ran through the stand-ins
+        rows = [prompts[0] + step[0].tolist()] + [prompts[1] + row for row in fork.tolist()]
+        alone = [plain(torch.tensor([ids])).logits[0, -width:] for ids, width in zip(rows, (1, 2, 2, 2))]
+    got = [ran.results[0][0], *ran.results[1]]
+    assert all(torch.allclose(g, a, atol=1e-4) for g, a in zip(got, alone, strict=True))
 
 
 def test_the_counter_sees_the_kv_a_pass_copies_and_not_what_it_writes(tiny_shaped):
