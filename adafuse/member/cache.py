@@ -25,8 +25,8 @@ A backend that reads positions where they lie (the CUDA backend's attention, ada
 each layer, once per pass, to `claim` room for the pass's new positions (the buffer and the place its kernel writes
 them to), and where each row's positions lie: the buffers a layer reads (`sources`, the context's, then a fork's
 own) and each row's runs in them (`run_plan`: which source, which of its rows, how many positions), a plan the same
-in every layer of a cache, since every layer is written alike; `runs` gives one layer's as addresses. Nothing is
-made into one tensor, and nothing is copied.
+in every layer of a cache, since every layer is written alike; each buffer's `layout` turns a run into addresses.
+Nothing is made into one tensor, and nothing is copied.
 
 Every buffer is charged to its model's `KVLedger` while it lives: the bytes of KV a model's contexts and forks
 hold now and at most, apart from the stored prefixes they share (adafuse/engine/executor.py reports them per
@@ -134,18 +134,6 @@ def _claim(
     return buffer
 
 
-def runs(layer, row: int, length: int) -> list[tuple[int, int, int, int, int]]:
-    """Row `row`'s first `length` positions of a context or fork layer where they lie, a run per buffer they are in
-    (its `run_plan` over its `sources`): the addresses of the run's first key and value, its count, and the strides
-    between positions and between heads, in elements."""
-    sources = layer.sources()
-    found = []
-    for source, buffer_row, count in layer.run_plan(row, length):
-        keys, values, rows, positions, heads, size = sources[source].layout()
-        found.append((keys + buffer_row * rows * size, values + buffer_row * rows * size, count, positions, heads))
-    return found
-
-
 class ContextLayer(DynamicLayer):
     """One layer of a context: the first `length` positions of a buffer; `keys` and `values` are their views. A
     context read from nothing (`fresh_cache`) has no buffer until its first read, which makes one with `room`
@@ -165,7 +153,7 @@ class ContextLayer(DynamicLayer):
     def _hold(self, buffer: KVBuffer | None, length: int) -> None:
         self.buffer, self.length = buffer, length
 
-    # its positions' views, made when read: a pass that reads them where they lie (`runs`) makes none
+    # its positions' views, made when read: a pass that reads them where they lie (`run_plan`) makes none
     @property
     def keys(self) -> torch.Tensor | None:
         return None if self.buffer is None else self.buffer.keys[:, :, : self.length]
@@ -286,7 +274,7 @@ class ForkLayer(DynamicLayer):
 
     def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Write the pass's new positions, (rows, heads, new, head_dim), after each row's (`update` without making
-        every row's whole keys and values: a reader of `runs` reads them where they lie)."""
+        every row's whole keys and values: a reader of `run_plan` reads them where they lie)."""
         buffer, at = self.claim(key_states.shape[2])
         buffer.write(at, key_states, value_states)
 

@@ -313,7 +313,6 @@ def appended_layer_by_layer(module, query, split, kwargs):
     (torch's copies, `append`) and names its rows' runs, then our kernel reads them."""
     from adafuse.backend.cuda import kernels
     from adafuse.backend.cuda.attention import sequences
-    from adafuse.member.cache import runs as runs_of
 
     cu_q, _, max_q, _ = sequences(split.spans, query.device)
     kv_heads, table, empty = split.new[2].shape[1], [], (0,) * kernels.RUN_FIELDS
@@ -329,6 +328,16 @@ def appended_layer_by_layer(module, query, split, kwargs):
         query[0].transpose(0, 1), runs, cu_q, kv_heads, scale, True, kwargs.get("sliding_window"), max_q
     )
     return out.unsqueeze(0), None
+
+
+def runs_of(layer, row: int, length: int) -> list[tuple]:
+    """Row `row`'s first `length` positions of a cache layer as the kernel's runs, worked out for this layer alone:
+    per run, the addresses of its first key and value, its count, and its strides between positions and heads."""
+    sources, found = layer.sources(), []
+    for source, buffer_row, count in layer.run_plan(row, length):
+        keys, values, rows, positions, heads, size = sources[source].layout()
+        found.append((keys + buffer_row * rows * size, values + buffer_row * rows * size, count, positions, heads))
+    return found
 
 
 def held(caches) -> list:
