@@ -8,11 +8,13 @@ GPU (tools/make_paper_pair.py writes the pair: real tokenizers and configs, seed
 
 1. `pass`: one plain transformers forward of one row after an NQ prompt (the unit every ratio is in), against one
    merged pass of 1, 8 and 32 requests of one token each after their NQ prompts, through the member's backend, each
-   the median of `repeats`; for each, the share of its time in its requests' attention, each on its own (the CPU's
-   exactness: `attention_share`), and its host time (`host_ms`: all but the arithmetic, `Arithmetic`);
+   the median of `repeats`, all taking turns (`median_runs`); for each, the share of its time in its requests'
+   attention, each on its own (the CPU's exactness: `attention_share`), and its host time (`host_ms`: all but the
+   arithmetic, `Arithmetic`);
 2. `decode`: AdaFuse exact at batch 8 against each member's transformers `generate()` at batch 1 on the same NQ
-   prompts (tools/bench_overhead.py's runs), each with its host time; AdaFuse with every pass on the engine's
-   thread, as on a GPU, and side by side on the CPU's two threads, the CPU's default;
+   prompts (tools/bench_overhead.py's runs), each with its host time, `rounds` times taking turns, the fastest
+   round of each kept; AdaFuse with every pass on the engine's thread, as on a GPU, and side by side on the CPU's
+   two threads, the CPU's default;
 3. `copies`: the bytes of KV the engine copies per pass in an AdaFuse run at batch 8 (any op that reads a KV
    buffer's memory into other memory: concatenations, clones, gathers, a buffer grown or a row committed), and the
    bytes of new KV it writes, per pass;
