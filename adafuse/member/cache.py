@@ -134,7 +134,33 @@ def _claim(
     return buffer
 
 
-class ContextLayer(DynamicLayer):
+class ViewLayer(DynamicLayer):
+    """A cache layer whose keys and values are made from the buffers it holds when they are read (`whole`), never
+    kept nor set: a pass that reads them where they lie (`run_plan`) makes none."""
+
+    def whole(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        raise NotImplementedError
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self.whole()[0]
+
+    @keys.setter
+    def keys(self, value) -> None:
+        if value is not None:  # the mixin's __init__ sets None; nothing else may set them
+            raise AttributeError(f"a {type(self).__name__}'s keys are made from its buffers: they cannot be set")
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self.whole()[1]
+
+    @values.setter
+    def values(self, value) -> None:
+        if value is not None:
+            raise AttributeError(f"a {type(self).__name__}'s values are made from its buffers: they cannot be set")
+
+
+class ContextLayer(ViewLayer):
     """One layer of a context: the first `length` positions of a buffer; `keys` and `values` are their views. A
     context read from nothing (`fresh_cache`) has no buffer until its first read, which makes one with `room`
     positions to spare after what it reads (a prompt's: the positions its method may add to it), so that the
@@ -148,36 +174,20 @@ class ContextLayer(DynamicLayer):
         self.room, self.ledger = max(room, self.ROOM), ledger if buffer is None else buffer.ledger
         if buffer is not None:
             self.device, self.dtype = buffer.keys.device, buffer.keys.dtype
-        self._hold(buffer, length)
-
-    def _hold(self, buffer: KVBuffer | None, length: int) -> None:
         self.buffer, self.length = buffer, length
 
-    # its positions' views, made when read: a pass that reads them where they lie (`run_plan`) makes none
-    @property
-    def keys(self) -> torch.Tensor | None:
-        return None if self.buffer is None else self.buffer.keys[:, :, : self.length]
-
-    @keys.setter
-    def keys(self, value) -> None:
-        if value is not None:  # the mixin's __init__ sets None; a context's positions are its buffer's
-            raise AttributeError("a context's keys are its buffer's first positions: they cannot be set")
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        return None if self.buffer is None else self.buffer.values[:, :, : self.length]
-
-    @values.setter
-    def values(self, value) -> None:
-        if value is not None:
-            raise AttributeError("a context's values are its buffer's first positions: they cannot be set")
+    def whole(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Its positions' keys and values, views of its buffer (None before it has one)."""
+        if self.buffer is None:
+            return None, None
+        return self.buffer.keys[:, :, : self.length], self.buffer.values[:, :, : self.length]
 
     def get_seq_length(self) -> int:
         return self.length
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         self.append(key_states, value_states)
-        return self.keys, self.values
+        return self.whole()
 
     def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Write the pass's new positions, (rows, heads, new, head_dim), after the context's."""
@@ -191,7 +201,7 @@ class ContextLayer(DynamicLayer):
         (its rows are the context's). Whoever claims writes them there before anything reads them. `keys` and
         `values` shape a context's first buffer."""
         at = self.length
-        self._hold(_claim(self.buffer, at, new, self.room, self.ledger, keys, values), at + new)
+        self.buffer, self.length = _claim(self.buffer, at, new, self.room, self.ledger, keys, values), at + new
         return self.buffer, at
 
     def sources(self) -> tuple[KVBuffer, ...]:
@@ -207,10 +217,10 @@ class ContextLayer(DynamicLayer):
         them into a buffer of the context's own, as the buffer is filled past them."""
         if tokens_to_remove > 0:
             raise ValueError(f"crop takes a negative count of positions to remove, not {tokens_to_remove}")
-        self._hold(self.buffer, max(0, self.length + tokens_to_remove))
+        self.length = max(0, self.length + tokens_to_remove)
 
 
-class ForkLayer(DynamicLayer):
+class ForkLayer(ViewLayer):
     """One layer of `rows` rows that continue the first `upto` positions of a context's buffer (read in place,
     never copied), each with `own_length` positions of its own after them. A pass gets every row's whole keys and
     values (`whole`); `keys` and `values` give them too, when read.
@@ -232,24 +242,6 @@ class ForkLayer(DynamicLayer):
         self.base, self.upto, self.rows, self.own, self.own_length = base, upto, rows, own, own_length
         self.room = room  # its context's: what a context committed from it keeps to spare (`ContextLayer`)
         self.riding = False  # its own positions are the base buffer's, from `upto` on
-
-    @property
-    def keys(self) -> torch.Tensor | None:
-        return self.whole()[0] if self.is_initialized else None
-
-    @keys.setter
-    def keys(self, value) -> None:
-        if value is not None:  # the mixin's __init__ sets None; nothing else may set them
-            raise AttributeError("a fork's keys are made from its context's and its own: they cannot be set")
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        return self.whole()[1] if self.is_initialized else None
-
-    @values.setter
-    def values(self, value) -> None:
-        if value is not None:
-            raise AttributeError("a fork's values are made from its context's and its own: they cannot be set")
 
     def get_seq_length(self) -> int:
         return self.upto + self.own_length
