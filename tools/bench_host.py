@@ -175,14 +175,25 @@ def merged_step(member, prompts: list[str]):
     slots = [member.clone() for _ in prompts]
     for slot, prompt in zip(slots, prompts):
         drive(slot.start(prompt))
-    backend, prepared = member.runner.backend, member.runner.prepared
+    return one_token_pass(member.runner.backend, member.runner.prepared, [s.cache for s in slots])
+
+
+def one_token_pass(backend, prepared, caches: list):
+    """A merged pass of one token after each of `caches`, as a call to time (warmed once)."""
 
     def run():
-        reads = tuple(Read(s.cache, torch.tensor([[5]])) for s in slots)
+        reads = tuple(Read(c, torch.tensor([[5]])) for c in caches)
         backend.execute([Pass(MERGED, prepared, reads)], Execution())
 
     run()
     return run
+
+
+def prompt_context(backend, prepared, ids: list[int]):
+    """The context cache of a prompt of `ids` read from nothing through `backend`."""
+    read = Read(DynamicCache(), torch.tensor([ids]), last_only=True)
+    backend.execute([Pass(PROMPT, prepared, (read,))], Execution())
+    return kv.context_cache(read.cache, kv.KVLedger())
 
 
 class KernelStandIns:
@@ -312,17 +323,9 @@ def kernel_path_steps(path: Path, prompts: list[str], counts: tuple[int, ...], s
     backend.choices[model] = EVERY_KERNEL  # as where a GPU's probes find the stock kernels move a row's bits
     steps = {}
     for count in counts:
-        contexts = []  # a context of its own per request, as the engine's
-        for prompt in (prompts * count)[:count]:
-            read = Read(DynamicCache(), torch.tensor([tokenizer.encode(prompt)]), last_only=True)
-            backend.execute([Pass(PROMPT, prepared, (read,))], Execution())
-            contexts.append(kv.context_cache(read.cache, kv.KVLedger()))
-
-        def run(caches=contexts):
-            reads = tuple(Read(c, torch.tensor([[5]])) for c in caches)
-            backend.execute([Pass(MERGED, prepared, reads)], Execution())
-
-        run()
+        # a context of its own per request, as the engine's
+        contexts = [prompt_context(backend, prepared, tokenizer.encode(p)) for p in (prompts * count)[:count]]
+        run = one_token_pass(backend, prepared, contexts)
         stand_ins.launches = 0
         run()
         steps[count] = (run, stand_ins.launches)

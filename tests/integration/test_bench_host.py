@@ -3,16 +3,24 @@ KV counter sees a copy where the engine makes one (a fork's rows read with their
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from adafuse.backend import MERGED, PROMPT, Execution, Pass, Read
+from adafuse.backend import MERGED, Execution, Pass, Read
 from adafuse.backend.cuda.backend import CudaBackend
 from adafuse.backend.probe_store import ProbeStore
 from adafuse.engine.loop import drive
-from adafuse.member.cache import KVLedger, context_cache, fork_cache
+from adafuse.member.cache import fork_cache
 from tools import make_paper_pair
 from tools.bench_decode import task_requests
-from tools.bench_host import EVERY_KERNEL, Arithmetic, KernelStandIns, KVCopies, compare_host, deep_pair
+from tools.bench_host import (
+    EVERY_KERNEL,
+    Arithmetic,
+    KernelStandIns,
+    KVCopies,
+    compare_host,
+    deep_pair,
+    prompt_context,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -55,11 +63,7 @@ def test_the_stand_ins_compute_what_the_model_computes():
     with KernelStandIns() as stand_ins, torch.inference_mode():
         prepared = backend.prepare(model)
         backend.choices[model] = EVERY_KERNEL
-        contexts = []
-        for ids in prompts:
-            read = Read(DynamicCache(), torch.tensor([ids]), last_only=True)
-            backend.execute([Pass(PROMPT, prepared, (read,))], Execution())
-            contexts.append(context_cache(read.cache, KVLedger()))
+        contexts = [prompt_context(backend, prepared, ids) for ids in prompts]
         step, fork = torch.tensor([[11]]), torch.tensor([[5, 6], [7, 8], [9, 10]])
         reads = (Read(contexts[0], step), Read(fork_cache(contexts[1], 3, len(prompts[1])), fork))
         stand_ins.launches = 0
