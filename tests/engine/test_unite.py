@@ -27,10 +27,11 @@ def test_unite_equals_the_plain_reference(tiny, prompt, stop, budget):
 
 
 def test_the_union_holds_every_members_top_k_by_text_and_the_fused_values_average_them(tiny):
-    members = tiny.members
+    from adafuse.engine.loop import drive
     from adafuse.methods.session import Request, Session
 
-    Session(members, Request("Question: Which river flows through Vienna?\nAnswer:"), reserve=8)
+    members = [clone(m) for m in tiny.members]  # started here: whatever ran before on this worker, or nothing
+    drive(Session(members, Request("Question: Which river flows through Vienna?\nAnswer:"), reserve=8).start())
     vocabs = [vocabulary_of(m) for m in members]
     step, tops = unite.fuse(members, vocabs, [0.3, 0.7], 10, [{}, {}])
     assert [len(t) for t in tops] == [10, 10]
