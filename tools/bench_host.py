@@ -371,8 +371,9 @@ class KVCopies(TorchDispatchMode):
         for cache in caches:
             for layer in cache.layers:
                 for buffer in (getattr(layer, name, None) for name in ("buffer", "base", "own")):
-                    if buffer is not None:
-                        self.storages |= {t.untyped_storage().data_ptr() for t in (buffer.keys, buffer.values)}
+                    for held in (buffer, buffer and buffer.under and buffer.under[0]):  # a stored prefix under it
+                        if held:
+                            self.storages |= {t.untyped_storage().data_ptr() for t in (held.keys, held.values)}
         return self
 
     def __enter__(self):

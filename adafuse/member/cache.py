@@ -3,9 +3,13 @@ read them in place, and the prompt prefixes a model's examples share (`PromptSto
 
 A context owns one buffer per layer (`KVBuffer`, rows x heads x capacity x head_dim) and holds the first
 `length` positions of it (`ContextLayer`). A pass appends after them: in place when the context's end is the
-buffer's end (its `filled` positions), else into a new buffer of the context's own (a context cut back, or
-one whose buffer another context has already grown past). So a view of a buffer's positions is never written:
-every write goes past `filled`, which no view covers.
+buffer's end (its `filled` positions), or when every cache layer that read past it has been let go (`open_at`:
+each buffer knows its readers, weakly; a proposal that lost its round, a context cut back), else into a new buffer
+of the context's own. So a position any live view covers is never written.
+
+A prompt read after a stored prefix (a task's instruction and exemplars, `PromptStore`) writes into a buffer of its
+own whose first positions it leaves unwritten: they are read where the store holds them (the buffer's `under`), and
+copied in only when a pass needs the context's positions as one tensor (`written_out`, the CPU's attention).
 
 A fork (`ForkLayer`: branch rows, candidates to score, a beam) continues a context's first `upto` positions with
 positions of its own, in a small buffer of its own: it reads the context's positions in place and never copies
@@ -16,17 +20,18 @@ expanded over the rows, then the row's own) and lets it go after that layer's at
 view exists at a time, not one per row per layer for the length of a round. The attention's inputs are the same
 values either way, and so are its bits (docs/speed.md, "Memory").
 
-Committing a fork's row (`commit_row`) appends that row's own positions to the context it forked: in place, so
-a round copies only its new positions. All layers are full-length, also for sliding-window models (Gemma 3):
+Committing a fork's row (`commit_row`) appends that row's own positions to the context it forked, when the context
+is next read (`ContextLayer.pending`: by then the round's other forks are let go, so it goes in place): a round
+copies only the winner's new positions, and none where the winner rode the context's buffer. All layers are full-length, also for sliding-window models (Gemma 3):
 the model applies its window through the attention mask, and a full layer can be cut back anywhere, which a
 rejected word needs (transformers' sliding layers refuse once the window is full).
 
 A backend that reads positions where they lie (the CUDA backend's attention, adafuse/backend/cuda/attention.py) asks
 each layer, once per pass, to `claim` room for the pass's new positions (the buffer and the place its kernel writes
-them to), and where each row's positions lie: the buffers a layer reads (`sources`, the context's, then a fork's
-own) and each row's runs in them (`run_plan`: which source, which of its rows, how many positions), a plan the same
-in every layer of a cache, since every layer is written alike; each buffer's `layout` turns a run into addresses.
-Nothing is made into one tensor, and nothing is copied.
+them to), and where each row's positions lie: the buffers a layer reads (`sources`: the context's, a fork's own,
+the stored prefix under the context's) and each row's runs in them (`run_plan`: which source, which of its rows,
+from which position, how many), a plan the same in every layer of a cache, since every layer is written alike; each
+buffer's `layout` turns a run into addresses. Nothing is made into one tensor, and nothing is copied.
 
 Every buffer is charged to its model's `KVLedger` while it lives: the bytes of KV a model's contexts and forks
 hold now and at most, apart from the stored prefixes they share (adafuse/engine/executor.py reports them per
@@ -77,6 +82,8 @@ class KVBuffer:
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, filled: int, ledger: KVLedger, frozen: bool = False):
         self.keys, self.values, self.filled, self.ledger, self.frozen = keys, values, filled, ledger, frozen
+        self.readers = weakref.WeakSet()  # the cache layers that read its positions (`open_at`)
+        self.under: tuple[KVBuffer, int] | None = None  # (a stored prefix, n): its first n positions lie there
         ledger.charge(self)
         strides = keys.stride()  # read once: a buffer's tensors never change
         self._layout = (keys.data_ptr(), values.data_ptr(), strides[0], strides[2], strides[1], keys.element_size())
@@ -107,6 +114,25 @@ class KVBuffer:
     def capacity(self) -> int:
         return self.keys.shape[2]
 
+    def open_at(self, at: int) -> bool:
+        """Whether positions from `at` on may be written without changing what any cache layer alive reads: `at`
+        is where its written positions end, or every layer that read past `at` has been let go (a proposal that
+        lost its round, a context cut back), so that its positions there are free again."""
+        if self.under is not None and at < self.under[1]:  # those positions are the stored prefix's
+            return False
+        return self.filled == at or (
+            not self.frozen and self.filled > at and all(layer.extent(self) <= at for layer in self.readers)
+        )
+
+    def written_out(self) -> "KVBuffer":
+        """This buffer with every position it holds written in it: the first ones, read where a stored prefix holds
+        them (`under`), copied here, once, for a reader that makes its positions one tensor."""
+        if self.under is not None:
+            prefix, count = self.under
+            self.under = None
+            self.write(0, prefix.keys[:, :, :count], prefix.values[:, :, :count])
+        return self
+
     @torch.inference_mode()  # a pass's keys are inference tensors; a commit or a fork writes them outside one
     def write(self, at: int, keys: torch.Tensor, values: torch.Tensor, rows=slice(None)) -> None:
         end = at + keys.shape[2]
@@ -119,18 +145,23 @@ def _claim(
     buffer: KVBuffer | None, length: int, new: int, room: int, ledger: KVLedger, keys=None, values=None
 ) -> KVBuffer:
     """Room for `new` positions after the first `length` of `buffer`, marked written (the caller writes them before
-    anything reads them): the buffer itself where `length` is its end and it has room, else a new one (the first
-    `length` positions copied, `room` more after the new ones; a context that holds nothing yet gets its first
-    buffer so, shaped as `keys` and `values`). The buffer that takes them, at `length`."""
+    anything reads them): the buffer itself where `length` is its end and it has room (`open_at`), else a new one
+    with `room` more after the new ones, which holds the first `length`: read where they lie if they are a stored
+    prefix's (the new buffer's `under`), else copied (a context that holds nothing yet gets its first buffer so,
+    shaped as `keys` and `values`). The buffer that takes them, at `length`."""
     end = length + new
     if buffer is None:
         buffer = KVBuffer.shaped(keys, values, keys.shape[0], end + room, ledger)
-    elif buffer.frozen or buffer.filled != length or end > buffer.capacity:
+    elif buffer.frozen or end > buffer.capacity or not buffer.open_at(length):
         grown = KVBuffer.empty(buffer, buffer.keys.shape[0], end + room)
-        if length:
-            grown.write(0, buffer.keys[:, :, :length], buffer.values[:, :, :length])
+        under = (buffer, length) if buffer.frozen else buffer.under
+        kept = 0 if under is None else min(under[1], length)
+        if kept:
+            grown.under = (under[0], kept)
+        if length > kept:
+            grown.write(kept, buffer.keys[:, :, kept:length], buffer.values[:, :, kept:length])
         buffer = grown
-    buffer.filled = max(buffer.filled, end)
+    buffer.filled = end  # what lay past `end` in an open buffer is read by no one
     return buffer
 
 
@@ -164,26 +195,59 @@ class ContextLayer(ViewLayer):
     """One layer of a context: the first `length` positions of a buffer; `keys` and `values` are their views. A
     context read from nothing (`fresh_cache`) has no buffer until its first read, which makes one with `room`
     positions to spare after what it reads (a prompt's: the positions its method may add to it), so that the
-    context then grows in place."""
+    context then grows in place.
+
+    A context committed from a fork's row whose own positions lie in the fork's buffer holds them there
+    (`pending`) until it is next read or written: they are then written after its first `length` positions, in
+    place if the forks that wrote past those have been let go by then (the round that made them has ended;
+    at the commit itself they are still held)."""
 
     ROOM = 64  # positions of room a new buffer gets after what it must hold, at the least
 
-    def __init__(self, buffer: KVBuffer | None, length: int, room: int = 0, ledger: KVLedger | None = None):
+    def __init__(
+        self, buffer: KVBuffer | None, length: int, room: int = 0, ledger: KVLedger | None = None, pending=None
+    ):
         super().__init__()
         self.is_initialized = True
         self.room, self.ledger = max(room, self.ROOM), ledger if buffer is None else buffer.ledger
         if buffer is not None:
             self.device, self.dtype = buffer.keys.device, buffer.keys.dtype
         self.buffer, self.length = buffer, length
+        self.pending: tuple[KVBuffer, int, int] | None = pending  # (a fork's own buffer, its row, positions)
+
+    @property
+    def buffer(self) -> KVBuffer | None:
+        return self._buffer
+
+    @buffer.setter
+    def buffer(self, buffer: KVBuffer | None) -> None:
+        self._buffer = buffer
+        if buffer is not None:
+            buffer.readers.add(self)
+
+    def extent(self, buffer: KVBuffer) -> int:
+        """The positions of `buffer` it reads (`KVBuffer.open_at`)."""
+        return self.length if buffer is self._buffer else 0
+
+    def settled(self) -> "ContextLayer":
+        """This layer with every position it holds in its buffer (`pending` written there)."""
+        if self.pending is not None:
+            source, row, count = self.pending
+            self.pending = None
+            buffer, at = self.claim(count)
+            buffer.write(at, source.keys[row : row + 1, :, :count], source.values[row : row + 1, :, :count])
+        return self
 
     def whole(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Its positions' keys and values, views of its buffer (None before it has one)."""
+        self.settled()
         if self.buffer is None:
             return None, None
-        return self.buffer.keys[:, :, : self.length], self.buffer.values[:, :, : self.length]
+        buffer = self.buffer.written_out()
+        return buffer.keys[:, :, : self.length], buffer.values[:, :, : self.length]
 
     def get_seq_length(self) -> int:
-        return self.length
+        return self.length + (self.pending[2] if self.pending is not None else 0)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         self.append(key_states, value_states)
@@ -200,24 +264,26 @@ class ContextLayer(ViewLayer):
         """Room for a pass's `new` positions after the context's, held as written: the buffer they go in and where
         (its rows are the context's). Whoever claims writes them there before anything reads them. `keys` and
         `values` shape a context's first buffer."""
-        at = self.length
+        at = self.settled().length
         self.buffer, self.length = _claim(self.buffer, at, new, self.room, self.ledger, keys, values), at + new
         return self.buffer, at
 
     def sources(self) -> tuple[KVBuffer, ...]:
-        """The buffers its positions lie in (`run_plan` names them by index): its own."""
-        return (self.buffer,)
+        """The buffers its positions lie in (`run_plan` names them by index): its own, and the stored prefix under
+        it, if any."""
+        return _with_under((self.settled().buffer,), self.buffer)
 
-    def run_plan(self, row: int, length: int) -> list[tuple[int, int, int]]:
-        """Where row `row`'s first `length` positions lie, as (source, the source's row, count) runs: one."""
-        return [(0, row, length)]
+    def run_plan(self, row: int, length: int) -> list[tuple[int, int, int, int]]:
+        """Where row `row`'s first `length` positions lie, as (source, the source's row, first position, count)
+        runs: its buffer's (after a stored prefix's, if they lie over one)."""
+        return _buffer_runs(self.buffer, 0, row, length, under_source=1)
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Keep all but the last `-tokens_to_remove` positions (transformers' convention); the next write copies
-        them into a buffer of the context's own, as the buffer is filled past them."""
+        """Keep all but the last `-tokens_to_remove` positions (transformers' convention); the next write goes
+        after them, in place if nothing alive reads the buffer past them, else in a buffer of the context's own."""
         if tokens_to_remove > 0:
             raise ValueError(f"crop takes a negative count of positions to remove, not {tokens_to_remove}")
-        self.length = max(0, self.length + tokens_to_remove)
+        self.length = max(0, self.settled().length + tokens_to_remove)
 
 
 class ForkLayer(ViewLayer):
@@ -240,8 +306,25 @@ class ForkLayer(ViewLayer):
         self.is_initialized = True
         self.device, self.dtype = base.keys.device, base.keys.dtype
         self.base, self.upto, self.rows, self.own, self.own_length = base, upto, rows, own, own_length
+        base.readers.add(self)
         self.room = room  # its context's: what a context committed from it keeps to spare (`ContextLayer`)
         self.riding = False  # its own positions are the base buffer's, from `upto` on
+
+    @property
+    def own(self) -> KVBuffer | None:
+        return self._own
+
+    @own.setter
+    def own(self, own: KVBuffer | None) -> None:
+        self._own = own
+        if own is not None:
+            own.readers.add(self)
+
+    def extent(self, buffer: KVBuffer) -> int:
+        """The positions of `buffer` it reads (`KVBuffer.open_at`)."""
+        if buffer is self.base:
+            return self.upto + self.own_length if self.riding else self.upto
+        return self.own_length if buffer is self._own else 0
 
     def get_seq_length(self) -> int:
         return self.upto + self.own_length
@@ -250,10 +333,11 @@ class ForkLayer(ViewLayer):
         """Every row's keys and values, (rows, heads, upto + own_length, head_dim): a view of the base buffer where
         the fork rides it, else a new tensor each."""
         end = self.upto + self.own_length
+        base = self.base.written_out()
         if self.riding:
-            return self.base.keys[:, :, :end], self.base.values[:, :, :end]
-        keys = self.base.keys[:1, :, : self.upto].expand(self.rows, -1, -1, -1)
-        values = self.base.values[:1, :, : self.upto].expand(self.rows, -1, -1, -1)
+            return base.keys[:, :, :end], base.values[:, :, :end]
+        keys = base.keys[:1, :, : self.upto].expand(self.rows, -1, -1, -1)
+        values = base.values[:1, :, : self.upto].expand(self.rows, -1, -1, -1)
         if not self.own_length:
             return keys, values
         own = self.own
@@ -274,7 +358,7 @@ class ForkLayer(ViewLayer):
         """Room for a pass's `new` positions after each row's, held as written: the buffer they go in (its rows are
         the fork's) and where. Whoever claims writes them there before anything reads them."""
         end = self.upto + self.own_length
-        at_tip = self.base.filled == end and not self.base.frozen and end + new <= self.base.capacity
+        at_tip = not self.base.frozen and end + new <= self.base.capacity and self.base.open_at(end)
         if self.rows == 1 and at_tip and (self.riding or not self.own_length):
             self.base.filled = end + new
             self.riding = True
@@ -293,15 +377,19 @@ class ForkLayer(ViewLayer):
         return buffer, at
 
     def sources(self) -> tuple[KVBuffer, ...]:
-        """The buffers its positions lie in (`run_plan` names them by index): the context's, then its own."""
-        return (self.base,) if self.own is None else (self.base, self.own)
+        """The buffers its positions lie in (`run_plan` names them by index): the context's, its own, and the stored
+        prefix under the context's, if any."""
+        return _with_under((self.base,) if self.own is None else (self.base, self.own), self.base)
 
-    def run_plan(self, row: int, length: int) -> list[tuple[int, int, int]]:
-        """Where row `row`'s first `length` positions lie, as (source, the source's row, count) runs: the context's
-        first, the row's own after them (where it rides the context's buffer, one run there)."""
-        if self.riding or length <= self.upto:
-            return [(0, 0, length)]
-        return [(0, 0, self.upto), (1, row, length - self.upto)]
+    def run_plan(self, row: int, length: int) -> list[tuple[int, int, int, int]]:
+        """Where row `row`'s first `length` positions lie, as (source, the source's row, first position, count)
+        runs: the context's first (after a stored prefix's, if they lie over one), the row's own after them (where
+        it rides the context's buffer, there)."""
+        in_base = length if self.riding else min(length, self.upto)
+        runs = _buffer_runs(self.base, 0, 0, in_base, under_source=1 if self.own is None else 2)
+        if in_base < length:
+            runs.append((1, row, 0, length - self.upto))
+        return runs
 
     def of_rows(self, rows: list[int]) -> "ForkLayer":
         """A fork of the given rows, in that order, over the same context positions (their own copied; where it
@@ -327,15 +415,27 @@ class ForkLayer(ViewLayer):
 
     def committed(self, row: int, end: int) -> ContextLayer:
         """The context that row `row` makes up to position `end`: the forked context's first `upto` positions
-        and the row's own after them, appended in place where that context's buffer ends at `upto` (where the fork
-        rides the buffer, they are there already)."""
+        and the row's own after them, which it writes after those when next read (`ContextLayer.pending`: by then
+        this fork and the others of its round are let go, and they go in place); where the fork rides the buffer,
+        they are there already."""
         if self.riding:
             return ContextLayer(self.base, end, self.room)
         length = end - self.upto
-        context = ContextLayer(self.base, self.upto, self.room)
-        if length:
-            context.update(self.own.keys[row : row + 1, :, :length], self.own.values[row : row + 1, :, :length])
-        return context
+        return ContextLayer(self.base, self.upto, self.room, pending=(self.own, row, length) if length else None)
+
+
+def _with_under(sources: tuple[KVBuffer, ...], buffer: KVBuffer) -> tuple[KVBuffer, ...]:
+    return sources if buffer.under is None else (*sources, buffer.under[0])
+
+
+def _buffer_runs(buffer: KVBuffer, source: int, row: int, length: int, under_source: int) -> list:
+    """Row `row` of `buffer`'s (source `source`) first `length` positions as runs: those that lie in the stored
+    prefix under it (source `under_source`, its only row), then its own."""
+    kept = 0 if buffer.under is None else min(buffer.under[1], length)
+    runs = [(under_source, 0, 0, kept)] if kept else []
+    if length > kept or not runs:
+        runs.append((source, row, kept, length - kept))
+    return runs
 
 
 def context_cache(cache: DynamicCache, ledger: KVLedger, frozen: bool = False) -> DynamicCache:
@@ -359,6 +459,7 @@ def view_cache(cache: DynamicCache, length: int | None = None, room: int = 0) ->
                 raise ValueError("a fork is viewed whole")
             layers.append(ForkLayer(layer.base, layer.upto, layer.rows, layer.own, layer.own_length, layer.room))
         else:
+            layer = layer.settled()
             layers.append(ContextLayer(layer.buffer, layer.length if length is None else length, room))
     return _cache(layers)
 
@@ -371,7 +472,7 @@ def fresh_cache(layers: int, ledger: KVLedger, room: int) -> DynamicCache:
 
 def fork_cache(cache: DynamicCache, rows: int, upto: int) -> DynamicCache:
     """`rows` rows that continue a context's first `upto` positions, which they read in place."""
-    return _cache([ForkLayer(layer.buffer, upto, rows, room=layer.room) for layer in cache.layers])
+    return _cache([ForkLayer(layer.settled().buffer, upto, rows, room=layer.room) for layer in cache.layers])
 
 
 def select_rows(fork: DynamicCache, rows: list[int]) -> DynamicCache:
@@ -398,7 +499,8 @@ class PromptStore:
     """The KV of the shared prompt prefixes (a task's instruction and exemplars) that a model's examples read, one
     store per model (adafuse/member/runner.py): a prefix is read once, not once per example or slot. Four, the
     last used kept: examples of two or three tasks in flight at once (a mixed queue, as the benchmark's) each
-    keep their task's prefix. A stored cache is frozen: its readers copy it before they write after it."""
+    keep their task's prefix. A stored cache is frozen: its readers write after it in buffers of their own, and read
+    it where it lies (`KVBuffer.under`) until a pass needs their positions as one tensor."""
 
     def __init__(self, size: int = 4):
         self.entries: list[tuple[list[int], DynamicCache]] = []

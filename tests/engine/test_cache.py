@@ -9,7 +9,7 @@ from torch.overrides import TorchFunctionMode
 from adafuse import AdaFuseConfig
 from adafuse.backend.cpu.tiles import tile_rows
 from adafuse.engine.loop import drive
-from adafuse.member.cache import PromptStore, view_cache
+from adafuse.member.cache import PromptStore, fork_cache, view_cache
 from adafuse.text.align import common_prefix
 from oracles import reference
 from oracles.fast import decode
@@ -194,6 +194,62 @@ def test_a_fork_reads_its_context_in_place_and_no_write_reaches_a_view_handed_ou
     drive(m.feed([11]))
     assert m.cache.layers[0].buffer is not buffer
     assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
+
+
+def test_a_commit_writes_in_place_once_its_round_s_forks_are_let_go_and_never_under_a_live_one(smol):
+    """A proposal rides its context's buffer; the round's winner is another fork's row. Committed, the context holds
+    that row's positions where the fork wrote them until its next read: with the round's forks let go by then, it
+    writes them after its own in place, where the lost proposal wrote (no copy of the context); with the proposal
+    still held, it copies, and the proposal keeps its values. Every context still matches full forward passes."""
+    m = clone(smol)
+    drive(m.start("The quick brown fox"))
+    buffer, length = m.cache.layers[0].buffer, m.cache.get_seq_length()
+    for held in (False, True):
+        proposal, candidates = m.fork(1), m.fork(2)
+        drive(proposal.extend([[12, 13]]))
+        drive(candidates.extend([[5], [6]]))
+        assert proposal.cache.layers[0].riding and buffer.filled == length + 2
+        kept = proposal.cache.layers[0].keys.clone()
+        m.commit(candidates, 1, "", m.text_of([6]))
+        assert m.cache.get_seq_length() == len(m.ids) == length + 1
+        if not held:
+            del proposal, candidates
+        drive(m.feed([7]))
+        assert (m.cache.layers[0].buffer is buffer) == (not held)
+        assert torch.allclose(m.logprobs, full_next_logprobs(m, m.ids), atol=1e-4)
+        if held:
+            assert torch.equal(proposal.cache.layers[0].keys, kept)
+        buffer, length = m.cache.layers[0].buffer, m.cache.get_seq_length()
+
+
+def test_a_context_over_a_stored_prefix_names_it_in_its_runs_and_copies_it_only_into_one_tensor(smol):
+    """A context read after a stored prompt prefix writes only its own positions: its buffer's first ones are read
+    where the store holds them, as its runs and its forks' say (the CUDA backend's kernel reads them there:
+    tests/engine/test_cuda_backend.py); made one tensor (the CPU's attention), they are copied in, once. The stored
+    prefix is never written."""
+    m = clone(smol)
+    m.runner.prompts = PromptStore()
+    drive(m.start("The quick brown fox jumps", prefix="The quick brown"))
+    ((_, stored),) = m.runner.prompts.entries
+    prefix, length = stored.layers[0].buffer, stored.get_seq_length()
+    before = prefix.keys.clone()
+    context = view_cache(stored)
+    torch.manual_seed(0)
+    new = [torch.randn(1, *prefix.keys.shape[1:2], 2, prefix.keys.shape[3]) for _ in range(2)]
+    for layer in context.layers:
+        layer.append(*new)
+    layer = context.layers[0]
+    buffer = layer.buffer
+    assert buffer.under == (prefix, length) and layer.sources() == (buffer, prefix)
+    assert layer.run_plan(0, length + 2) == [(1, 0, 0, length), (0, 0, length, 2)]
+    fork = fork_cache(context, 2, length + 2).layers[0]
+    fork.append(*[torch.randn(2, *t.shape[1:2], 1, t.shape[3]) for t in new])
+    assert fork.sources() == (buffer, fork.own, prefix)
+    assert fork.run_plan(1, length + 3) == [(2, 0, 0, length), (0, 0, length, 2), (1, 1, 0, 1)]
+    keys = fork.keys  # one tensor: the prefix's positions copied into the context's buffer
+    assert buffer.under is None and layer.run_plan(0, length + 2) == [(0, 0, 0, length + 2)]
+    assert torch.equal(keys[1, :, :length], prefix.keys[0, :, :length]) and torch.equal(keys[1, :, length:-1], new[0][0])
+    assert torch.equal(prefix.keys, before)
 
 
 def test_a_fork_of_rows_of_unequal_length_computes_only_their_ids(smol):

@@ -77,11 +77,20 @@ def run(backend, kind: str, model, reads: list[Read], exact: bool = True) -> lis
     return ran.results
 
 
-def prompt_cache(backend, model, ids: list[int]):
-    """A prompt of `ids` read from nothing through `backend`: its context cache."""
+def prompt_cache(backend, model, ids: list[int], stored: bool = False):
+    """A prompt of `ids` read from nothing through `backend`: its context cache (`stored`: frozen, as a stored prompt
+    prefix, which its readers read in place and never write)."""
     read = Read(DynamicCache(), torch.tensor([ids]), last_only=True)
     run(backend, PROMPT, model, [read])
-    return context_cache(read.cache, KVLedger())
+    return context_cache(read.cache, KVLedger(), frozen=stored)
+
+
+def over_prefix(backend, model, ids: list[int], prefix: int):
+    """A prompt of `ids` whose first `prefix` ids are a stored prefix: its tail read after it, its context's first
+    positions then read where the prefix lies."""
+    context = view_cache(prompt_cache(backend, model, ids[:prefix], stored=True))
+    run(backend, MERGED, model, [Read(context, torch.tensor([ids[prefix:]]), last_only=True)])
+    return context
 
 
 PROMPTS = [[3, 17, 42, 5], [9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 12], [50, 51, 52, 53, 54, 55, 56, 57, 58], [1, 2]]
@@ -89,14 +98,19 @@ PROMPTS = [[3, 17, 42, 5], [9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 12], [50, 51, 52, 53,
 
 def mixed_reads(backend, model) -> tuple[list, list]:
     """Caches of different lengths and the reads after them: greedy steps, forks of 3 rows of unequal length, and a
-    fork row that reads nothing; (their caches, (ids, lengths))."""
+    fork row that reads nothing; then a step and a fork of 2 rows after contexts over a stored prefix (a row's keys in
+    three places: the prefix, the context's own, the fork's); (their caches, (ids, lengths))."""
     contexts = [prompt_cache(backend, model, ids) for ids in PROMPTS]
+    over = [over_prefix(backend, model, PROMPTS[1], 6), over_prefix(backend, model, PROMPTS[2], 4)]
     caches = [contexts[0], contexts[1], fork_cache(contexts[2], 3, 9), fork_cache(contexts[3], 3, 2)]
+    caches += [over[0], fork_cache(over[1], 2, 9)]
     inputs = [
         (torch.tensor([[7]]), None),
         (torch.tensor([[8, 9]]), None),
         (torch.tensor([[5, 6, 7], [8, 9, 9], [4, 4, 4]]), [3, 1, 2]),
         (torch.tensor([[10, 11], [12, 12], [13, 13]]), [2, 1, 0]),
+        (torch.tensor([[14]]), None),
+        (torch.tensor([[15, 16], [17, 17]]), [2, 1]),
     ]
     return caches, inputs
 
@@ -119,7 +133,7 @@ def test_a_read_has_the_bits_of_its_pass_alone_among_any_other_reads(models):
     backend, model, cpu = models
     caches, inputs = mixed_reads(backend, model)
     alone = [run(backend, MERGED, model, [Read(view_cache(c), x, n)])[0] for c, (x, n) in zip(caches, inputs)]
-    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [2, 0]):
+    for order in ([0, 1, 2, 3, 4, 5], [5, 3, 2, 1, 0, 4], [2, 0], [4, 5]):
         merged_caches = [view_cache(caches[j]) for j in order]
         reads = [Read(c, *inputs[j]) for c, j in zip(merged_caches, order)]
         merged = run(backend, MERGED, model, reads)
@@ -251,7 +265,7 @@ def test_a_stock_one_call_attention_is_used_only_where_its_probe_ran(stock, used
     assert used or "head dimensions up to 256" in errors[0]["error"]
     caches, inputs = mixed_reads(backend, model)
     logits = run(backend, MERGED, model, [Read(c, x, n) for c, (x, n) in zip(caches, inputs)], exact=False)
-    assert len(logits) == 4 and all(torch.isfinite(t).all() for t in logits)
+    assert len(logits) == len(caches) and all(torch.isfinite(t).all() for t in logits)
 
 
 @interpreted
@@ -284,8 +298,9 @@ def test_a_probe_that_raises_gives_no_verdict_says_why_and_is_probed_again(tmp_p
 
 @interpreted
 def test_a_pass_reads_every_row_where_it_lies_and_copies_no_kv(models):
-    """Our kernel's attention reads each row's keys and values in the buffers they lie in (a context's, a fork's
-    own): a pass writes its new positions and copies none. Torch's one call, where no exactness is asked, takes them
+    """Our kernel's attention reads each row's keys and values in the buffers they lie in (a stored prompt prefix's,
+    a context's, a fork's own): a pass writes its new positions and copies none; a context over a stored prefix
+    still reads it there. Torch's one call, where no exactness is asked, takes them
     packed: there each layer copies every row's (the control)."""
     from adafuse.backend.cuda.backend import CudaBackend
     from tools.bench_host import KVCopies
@@ -298,6 +313,8 @@ def test_a_pass_reads_every_row_where_it_lies_and_copies_no_kv(models):
     with KVCopies().watch(*caches) as counted:
         run(backend, MERGED, model, [Read(c, x) for c, x in zip(caches, steps)])
     assert counted.copied == 0 and [c.get_seq_length() for c in caches] == [n + 1 for n in lengths]
+    over = [caches[4].layers[0].buffer, caches[5].layers[0].base]  # contexts over a stored prefix, read there
+    assert all(buffer.under is not None for buffer in over)
     stock = CudaBackend("cpu", store=ProbeStore(None), stock_attention=stock_attention_per_request)
     torch.manual_seed(0)
     prepared = stock.prepare(llama())
@@ -320,7 +337,7 @@ def appended_layer_by_layer(module, query, split, kwargs):
         own.append(new_keys, new_values)
         for row, live in enumerate(s.lengths):
             runs = runs_of(own, row, s.length + live)
-            table.append([*runs, *[empty] * (2 - len(runs))])
+            table.append([*runs, *[empty] * (kernels.RUNS_PER - len(runs))])
     split.new = None
     scale = kwargs.get("scaling") or module.scaling
     runs = torch.tensor(table, dtype=torch.int64)
@@ -334,9 +351,10 @@ def runs_of(layer, row: int, length: int) -> list[tuple]:
     """Row `row`'s first `length` positions of a cache layer as the kernel's runs, worked out for this layer alone:
     per run, the addresses of its first key and value, its count, and its strides between positions and heads."""
     sources, found = layer.sources(), []
-    for source, buffer_row, count in layer.run_plan(row, length):
+    for source, buffer_row, start, count in layer.run_plan(row, length):
         keys, values, rows, positions, heads, size = sources[source].layout()
-        found.append((keys + buffer_row * rows * size, values + buffer_row * rows * size, count, positions, heads))
+        step = (buffer_row * rows + start * positions) * size
+        found.append((keys + step, values + step, count, positions, heads))
     return found
 
 
@@ -386,7 +404,7 @@ def test_a_layer_makes_the_same_calls_whatever_the_reads(models, monkeypatch):
     backend, model, _ = models
     layers = len(model.model.model.layers)
     per_layer = []
-    for count in (1, 4):
+    for count in (1, 6):
         caches, inputs = mixed_reads(backend, model)
         with Ops() as ops:
             launches(monkeypatch, ops.names, "write_in_place", "attention_in_place")

@@ -522,33 +522,36 @@ def test_a_querys_bits_do_not_depend_on_its_requests_query_count(kernels, causal
     assert_same_bits(one[0], five[-1], "last query alone vs among 5")
 
 
-def run_of(keys: torch.Tensor, values: torch.Tensor, row: int, length: int) -> list[int]:
-    """The run of a buffer's row (rows, kv_heads, capacity, d), as attention_in_place reads it: its first `length`
-    positions where they lie."""
-    return [keys[row].data_ptr(), values[row].data_ptr(), length, keys.stride(2), keys.stride(1)]
+def run_of(keys: torch.Tensor, values: torch.Tensor, row: int, length: int, start: int = 0) -> list[int]:
+    """The run of a buffer's row (rows, kv_heads, capacity, d), as attention_in_place reads it: `length` positions
+    from `start` where they lie."""
+    return [keys[row, :, start].data_ptr(), values[row, :, start].data_ptr(), length, keys.stride(2), keys.stride(1)]
 
 
 @interpreted
 @pytest.mark.parametrize("dtype, mode", [(torch.float32, "causal"), (torch.bfloat16, "window")])
 def test_keys_read_where_they_lie_give_the_bits_of_the_same_keys_packed(kernels, dtype, mode):
-    """Requests whose keys lie in two runs of other buffers (a context's positions in a buffer with room after them,
-    a fork row's own in a buffer of the fork's) get from attention_in_place the bits varlen_attention gives the same
-    keys packed end to end: the CUDA backend's passes read a cache where it lies and copy nothing."""
+    """Requests whose keys lie in up to three runs of other buffers (a stored prompt prefix, a context's positions
+    after it in a buffer with room after them, a fork row's own in a buffer of the fork's) get from
+    attention_in_place the bits varlen_attention gives the same keys packed end to end: the CUDA backend's passes
+    read a cache where it lies and copy nothing."""
     causal, window = MODES[mode]
-    shapes = [(1, 70, 0), (3, 40, 5), (2, 100, 30), (1, 1, 1)]  # (queries, context positions, the row's own)
+    # (queries, prefix positions, context positions after them, the row's own)
+    shapes = [(1, 0, 70, 0), (3, 20, 40, 5), (2, 0, 100, 30), (1, 0, 1, 1), (2, 33, 17, 9), (1, 64, 0, 2)]
     generator = torch.Generator().manual_seed(3)
+    prefix = [random(1, KV_HEADS, 64, HEAD_DIM, dtype=dtype, seed=s) for s in (5, 6)]  # keys, values: 1 row
     context = [random(2, KV_HEADS, 128, HEAD_DIM, dtype=dtype, seed=s) for s in (1, 2)]  # keys, values: 2 rows
     own = [random(3, KV_HEADS, 48, HEAD_DIM, dtype=dtype, seed=s) for s in (3, 4)]
     runs, packed_k, packed_v, queries = [], [], [], []
-    for i, (len_q, ctx, mine) in enumerate(shapes):
+    for i, (len_q, before, ctx, mine) in enumerate(shapes):
         row = int(torch.randint(2, (), generator=generator))
-        first = run_of(*context, row, ctx)
-        second = run_of(*own, i % 3, mine) if mine else [0] * kernels.RUN_FIELDS
-        runs.append([first, second])
-        keys = torch.cat([context[0][row, :, :ctx], own[0][i % 3, :, :mine]], dim=1).transpose(0, 1)
-        values = torch.cat([context[1][row, :, :ctx], own[1][i % 3, :, :mine]], dim=1).transpose(0, 1)
-        packed_k.append(keys)
-        packed_v.append(values)
+        parts = [(prefix, 0, 0, before), (context, row, before, ctx), (own, i % 3, 0, mine)]
+        parts = [part for part in parts if part[3]]
+        runs.append([run_of(*buffers, row, count, start) for buffers, row, start, count in parts])
+        runs[-1] += [[0] * kernels.RUN_FIELDS] * (kernels.RUNS_PER - len(parts))
+        for packed, b in ((packed_k, 0), (packed_v, 1)):
+            held = [buffers[b][row, :, start : start + count] for buffers, row, start, count in parts]
+            packed.append(torch.cat(held, dim=1).transpose(0, 1))
         queries.append(random(len_q, HEADS, HEAD_DIM, dtype=dtype, seed=20 + i))
     cumulative = [torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32) for lengths in
                   ([q.shape[0] for q in queries], [k.shape[0] for k in packed_k])]  # fmt: skip

@@ -29,7 +29,7 @@ from adafuse.backend.live import on_device
 class InPlace:
     """What every layer of a pass reads, made once: each sequence's queries (`cu_q`, the longest's count), and per
     layer the slots its new positions are written to, (layers, positions written, SLOT_FIELDS), and the runs every
-    row reads, (layers, rows, 2, RUN_FIELDS), int64 on the GPU. Made where every read's cache holds positions (a
+    row reads, (layers, rows, RUNS_PER, RUN_FIELDS), int64 on the GPU. Made where every read's cache holds positions (a
     merged pass reads after a prompt); None otherwise.
 
     The host's work grows with the reads and layers by a claim and a buffer's place per read and layer; each row's
@@ -55,20 +55,22 @@ class InPlace:
             bases += [(*buffer.layout(), at) for buffer, at in claims]
             for layer in cache.layers:
                 sources = [b.layout() for b in layer.sources()]
-                places.append(sources + [EMPTY_PLACE] * (2 - len(sources)))
+                places.append(sources + [EMPTY_PLACE] * (RUNS_PER - len(sources)))
             first = cache.layers[0]
             for row, live in enumerate(s.lengths):
                 row_plan = [(j, *run) for run in first.run_plan(row, s.length + live)]
-                plan.append(row_plan + [(j, 0, 0, 0)] * (2 - len(row_plan)))
+                plan.append(row_plan + [(j, 0, 0, 0, 0)] * (RUNS_PER - len(row_plan)))
         reads = len(split.spans)
         sources, offsets = _positions(split.spans)  # the same in every layer
         slots = _slots(_int64(bases, 1).view(reads, layers, 7).transpose(0, 1), sources, offsets)
-        runs = _runs(_int64(places, 2).view(reads, layers, 2, 6).transpose(0, 1), _int64(plan, 2).view(-1, 2, 4))
+        places = _int64(places, 2).view(reads, layers, RUNS_PER, 6).transpose(0, 1)
+        runs = _runs(places, _int64(plan, 2).view(-1, RUNS_PER, 5))
         cu_q, _, max_q, _ = sequences(split.spans, device)
         return cls(cu_q, max_q, on_device(slots, device), on_device(runs, device))
 
 
 EMPTY_PLACE = (0,) * 6  # a source no run reads
+RUNS_PER = kernels.RUNS_PER  # a row's runs, and a layer's sources, at most: a stored prefix, a context, a fork's own
 
 
 def _int64(nested: list, depth: int) -> torch.Tensor:
@@ -82,13 +84,13 @@ def _int64(nested: list, depth: int) -> torch.Tensor:
 
 
 def _runs(places: torch.Tensor, plan: torch.Tensor) -> torch.Tensor:
-    """(layers, rows, 2, RUN_FIELDS): each row's runs in each layer, from each layer's and read's sources' places
-    (`places`, (layers, reads, 2, 6): key and value addresses, strides between rows, positions and heads, element
-    size) and each row's plan (`plan`, (rows, 2, 4): its read, the source, the source's row, the count; a count of
-    0, no run: all zeros)."""
-    read, source, row, count = plan.unbind(2)
-    place = places[:, read, source]  # (layers, rows, 2, 6)
-    step = row * place[..., 2] * place[..., 5]
+    """(layers, rows, RUNS_PER, RUN_FIELDS): each row's runs in each layer, from each layer's and read's sources'
+    places (`places`, (layers, reads, RUNS_PER, 6): key and value addresses, strides between rows, positions and
+    heads, element size) and each row's plan (`plan`, (rows, RUNS_PER, 5): its read, the source, the source's row,
+    the first position, the count; a count of 0, no run: all zeros)."""
+    read, source, row, start, count = plan.unbind(2)
+    place = places[:, read, source]  # (layers, rows, RUNS_PER, 6)
+    step = (row * place[..., 2] + start * place[..., 3]) * place[..., 5]
     fields = [place[..., 0] + step, place[..., 1] + step, count.expand_as(step), place[..., 3], place[..., 4]]
     return torch.stack(fields, dim=3) * (count > 0)[..., None]
 

@@ -327,21 +327,25 @@ def _attention_kernel(
     BLOCK_N steps from its first key (float32 online softmax). Query i of a request with len_q queries and len_k
     keys stands at key position p = len_k - len_q + i and sees key j where j <= p (causal) and j > p - window.
 
-    A request's keys and values are read where they lie, in up to two runs (`RUNS`, int64, (requests, 2, 5): per
-    run the addresses of its first key and value, its length, and its strides between positions and between heads,
-    in elements): its first keys in run 0, the rest in run 1 (a context's positions, then a fork's own)."""
+    A request's keys and values are read where they lie, in up to three runs (`RUNS`, int64, (requests, RUNS_PER,
+    5): per run the addresses of its first key and value, its length, and its strides between positions and between
+    heads, in elements), one after another: a stored prompt prefix, a context's positions after it, a fork row's
+    own."""
     request = tl.program_id(2)
     head = tl.program_id(1)
     first = tl.program_id(0) * BLOCK_M
     element = Q.dtype.element_ty
-    run = RUNS + request.to(tl.int64) * 10
+    run = RUNS + request.to(tl.int64) * 15
     k0, v0 = tl.load(run).to(tl.pointer_type(element)), tl.load(run + 1).to(tl.pointer_type(element))
     len0, t0, h0 = tl.load(run + 2), tl.load(run + 3), tl.load(run + 4)
     k1, v1 = tl.load(run + 5).to(tl.pointer_type(element)), tl.load(run + 6).to(tl.pointer_type(element))
     len1, t1, h1 = tl.load(run + 7), tl.load(run + 8), tl.load(run + 9)
+    k2, v2 = tl.load(run + 10).to(tl.pointer_type(element)), tl.load(run + 11).to(tl.pointer_type(element))
+    len2, t2, h2 = tl.load(run + 12), tl.load(run + 13), tl.load(run + 14)
+    start1, start2 = len0, len0 + len1  # each run's first key among the request's
     q_start = tl.load(CU_Q + request).to(tl.int64)
     len_q = tl.load(CU_Q + request + 1) - tl.load(CU_Q + request)
-    len_k = (len0 + len1).to(tl.int32)
+    len_k = (len0 + len1 + len2).to(tl.int32)
     rows = first + tl.arange(0, BLOCK_M)
     at = len_k - len_q + rows  # each query's own key position
     dims = tl.arange(0, BLOCK_D)
@@ -365,15 +369,21 @@ def _attention_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     for start in range(lo, hi, BLOCK_N):
         cols = (start + tl.arange(0, BLOCK_N)).to(tl.int64)
-        in0 = cols < len0  # the key's run: 0, or 1 at its place after run 0's keys
-        in1 = (cols >= len0) & (cols < hi)
+        in0 = cols < start1  # the key's run, each at its place after the runs before it
+        in1 = (cols >= start1) & (cols < start2)
+        in2 = (cols >= start2) & (cols < hi)
         dim_ok = dims < HEAD_DIM
         key0 = k0 + cols[None, :] * t0 + kv_head * h0 + dims[:, None]
-        key1 = k1 + (cols - len0)[None, :] * t1 + kv_head * h1 + dims[:, None]
+        key1 = k1 + (cols - start1)[None, :] * t1 + kv_head * h1 + dims[:, None]
+        key2 = k2 + (cols - start2)[None, :] * t2 + kv_head * h2 + dims[:, None]
         k = tl.where(
             in0[None, :],
             tl.load(key0, mask=in0[None, :] & dim_ok[:, None], other=0.0),
-            tl.load(key1, mask=in1[None, :] & dim_ok[:, None], other=0.0),
+            tl.where(
+                in1[None, :],
+                tl.load(key1, mask=in1[None, :] & dim_ok[:, None], other=0.0),
+                tl.load(key2, mask=in2[None, :] & dim_ok[:, None], other=0.0),
+            ),
         )  # (BLOCK_D, BLOCK_N)
         scores = _dot(q, k, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), BY_HAND)
         seen = (cols < hi)[None, :] & (rows < len_q)[:, None]
@@ -389,11 +399,16 @@ def _attention_kernel(
         rescale = tl.exp(top - shift)
         total = total * rescale + tl.sum(p, axis=1)
         value0 = v0 + cols[:, None] * t0 + kv_head * h0 + dims[None, :]
-        value1 = v1 + (cols - len0)[:, None] * t1 + kv_head * h1 + dims[None, :]
+        value1 = v1 + (cols - start1)[:, None] * t1 + kv_head * h1 + dims[None, :]
+        value2 = v2 + (cols - start2)[:, None] * t2 + kv_head * h2 + dims[None, :]
         v = tl.where(
             in0[:, None],
             tl.load(value0, mask=in0[:, None] & dim_ok[None, :], other=0.0),
-            tl.load(value1, mask=in1[:, None] & dim_ok[None, :], other=0.0),
+            tl.where(
+                in1[:, None],
+                tl.load(value1, mask=in1[:, None] & dim_ok[None, :], other=0.0),
+                tl.load(value2, mask=in2[:, None] & dim_ok[None, :], other=0.0),
+            ),
         )  # (BLOCK_N, BLOCK_D)
         p = _cast(p, Q, BY_HAND)  # the weights in v's dtype, as FlashAttention multiplies them
         acc = acc * rescale[:, None]
@@ -405,18 +420,19 @@ def _attention_kernel(
 
 
 RUN_FIELDS = 5  # per run: key address, value address, length, stride between positions, between heads
+RUNS_PER = 3  # runs a request's keys may lie in (`_attention_kernel`); an empty one is all zeros
 
 
 def packed_runs(k: torch.Tensor, v: torch.Tensor, cu_k: torch.Tensor) -> torch.Tensor:
     """The runs of requests whose keys and values are packed end to end ((total, kv_heads, d) each, request b's at
-    cu_k[b]:cu_k[b+1]): one run each, its second empty. Made on their device, without a sync."""
+    cu_k[b]:cu_k[b+1]): one run each, the others empty. Made on their device, without a sync."""
     starts, lengths = cu_k[:-1].to(torch.int64), (cu_k[1:] - cu_k[:-1]).to(torch.int64)
     step = k.stride(0) * k.element_size()
     first = torch.stack(
         [k.data_ptr() + starts * step, v.data_ptr() + starts * step, lengths,
          torch.full_like(lengths, k.stride(0)), torch.full_like(lengths, k.stride(1))], dim=1,
     )  # fmt: skip
-    return torch.stack([first, torch.zeros_like(first)], dim=1)
+    return torch.stack([first] + [torch.zeros_like(first)] * (RUNS_PER - 1), dim=1)
 
 
 SLOT_FIELDS = 4  # per position written: its source in the pass (-1: zeros), the key's and value's address, head stride
@@ -478,7 +494,7 @@ def _run_attention(q, runs, cu_q, kv_heads, scale, causal, window, max_len_q):
     """The kernel over the queries `q` of requests whose keys and values lie in `runs`."""
     if window is not None and (window < 1 or not causal):
         raise ValueError(f"attention: a window ({window}) must be >= 1 and goes with causal attention")
-    if runs.dtype != torch.int64 or runs.shape != (cu_q.numel() - 1, 2, RUN_FIELDS):
+    if runs.dtype != torch.int64 or runs.shape != (cu_q.numel() - 1, RUNS_PER, RUN_FIELDS):
         raise ValueError(f"attention: runs {tuple(runs.shape)} {runs.dtype} for {cu_q.numel() - 1} requests")
     q = q if q.stride(-1) == 1 else q.contiguous()
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -651,10 +667,10 @@ def attention_in_place(
     window: int | None = None,
     max_len_q: int | None = None,
 ) -> torch.Tensor:
-    """`varlen_attention` over keys and values read where they lie: request b's in up to two runs, `runs[b]`
-    (int64, (requests, 2, RUN_FIELDS) on q's device: per run the address of its first key and of its first value,
-    its length, and its strides between positions and between heads, in elements; run 1 after run 0, an empty run
-    of length 0), each (positions, kv_heads, d) as its strides say. Nothing is copied; the bits are those
+    """`varlen_attention` over keys and values read where they lie: request b's in up to RUNS_PER runs, `runs[b]`
+    (int64, (requests, RUNS_PER, RUN_FIELDS) on q's device: per run the address of its first key and of its first
+    value, its length, and its strides between positions and between heads, in elements; each run's keys after the
+    run's before it, an empty run all zeros), each (positions, kv_heads, d) as its strides say. Nothing is copied; the bits are those
     `varlen_attention` gives the same keys packed end to end. Every run must stay alive and unwritten until the
     kernel has read it."""
     return _call("attention_in_place", _attention_in_place, q, runs, cu_q, kv_heads, scale, causal, window, max_len_q)
