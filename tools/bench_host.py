@@ -367,13 +367,16 @@ class KVCopies(TorchDispatchMode):
         self._made, self._recording = made, recording
 
     def watch(self, *caches) -> "KVCopies":
-        """Count the buffers of caches made before this counter too (a context's, a fork's base and own)."""
+        """Count the buffers of caches made before this counter too (a context's, a fork's base and own, the stored
+        prefix under one)."""
         for cache in caches:
             for layer in cache.layers:
                 for buffer in (getattr(layer, name, None) for name in ("buffer", "base", "own")):
-                    for held in (buffer, buffer and buffer.under and buffer.under[0]):  # a stored prefix under it
-                        if held:
-                            self.storages |= {t.untyped_storage().data_ptr() for t in (held.keys, held.values)}
+                    if buffer is None:
+                        continue
+                    prefix = [buffer.under[0]] if buffer.under else []  # the stored prefix it reads first
+                    for held in (buffer, *prefix):
+                        self.storages |= {t.untyped_storage().data_ptr() for t in (held.keys, held.values)}
         return self
 
     def __enter__(self):

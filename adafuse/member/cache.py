@@ -22,9 +22,11 @@ values either way, and so are its bits (docs/speed.md, "Memory").
 
 Committing a fork's row (`commit_row`) appends that row's own positions to the context it forked, when the context
 is next read (`ContextLayer.pending`: by then the round's other forks are let go, so it goes in place): a round
-copies only the winner's new positions, and none where the winner rode the context's buffer. All layers are full-length, also for sliding-window models (Gemma 3):
-the model applies its window through the attention mask, and a full layer can be cut back anywhere, which a
-rejected word needs (transformers' sliding layers refuse once the window is full).
+copies only the winner's new positions, and none where the winner rode the context's buffer.
+
+All layers are full-length, also for sliding-window models (Gemma 3): the model applies its window through the
+attention mask, and a full layer can be cut back anywhere, which a rejected word needs (transformers' sliding
+layers refuse once the window is full).
 
 A backend that reads positions where they lie (the CUDA backend's attention, adafuse/backend/cuda/attention.py) asks
 each layer, once per pass, to `claim` room for the pass's new positions (the buffer and the place its kernel writes
@@ -264,9 +266,14 @@ class ContextLayer(ViewLayer):
         """Room for a pass's `new` positions after the context's, held as written: the buffer they go in and where
         (its rows are the context's). Whoever claims writes them there before anything reads them. `keys` and
         `values` shape a context's first buffer."""
-        at = self.settled().length
-        self.buffer, self.length = _claim(self.buffer, at, new, self.room, self.ledger, keys, values), at + new
-        return self.buffer, at
+        if self.pending is not None:
+            self.settled()
+        at = self.length
+        buffer = _claim(self._buffer, at, new, self.room, self.ledger, keys, values)
+        if buffer is not self._buffer:  # a new buffer: it learns its reader
+            self.buffer = buffer
+        self.length = at + new
+        return buffer, at
 
     def sources(self) -> tuple[KVBuffer, ...]:
         """The buffers its positions lie in (`run_plan` names them by index): its own, and the stored prefix under

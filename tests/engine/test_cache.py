@@ -248,7 +248,8 @@ def test_a_context_over_a_stored_prefix_names_it_in_its_runs_and_copies_it_only_
     assert fork.run_plan(1, length + 3) == [(2, 0, 0, length), (0, 0, length, 2), (1, 1, 0, 1)]
     keys = fork.keys  # one tensor: the prefix's positions copied into the context's buffer
     assert buffer.under is None and layer.run_plan(0, length + 2) == [(0, 0, 0, length + 2)]
-    assert torch.equal(keys[1, :, :length], prefix.keys[0, :, :length]) and torch.equal(keys[1, :, length:-1], new[0][0])
+    assert torch.equal(keys[1, :, :length], prefix.keys[0, :, :length])
+    assert torch.equal(keys[1, :, length:-1], new[0][0])
     assert torch.equal(prefix.keys, before)
 
 

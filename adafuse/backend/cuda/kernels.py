@@ -670,9 +670,9 @@ def attention_in_place(
     """`varlen_attention` over keys and values read where they lie: request b's in up to RUNS_PER runs, `runs[b]`
     (int64, (requests, RUNS_PER, RUN_FIELDS) on q's device: per run the address of its first key and of its first
     value, its length, and its strides between positions and between heads, in elements; each run's keys after the
-    run's before it, an empty run all zeros), each (positions, kv_heads, d) as its strides say. Nothing is copied; the bits are those
-    `varlen_attention` gives the same keys packed end to end. Every run must stay alive and unwritten until the
-    kernel has read it."""
+    run's before it, an empty run all zeros), each (positions, kv_heads, d) as its strides say. Nothing is copied;
+    the bits are those `varlen_attention` gives the same keys packed end to end. Every run must stay alive and
+    unwritten until the kernel has read it."""
     return _call("attention_in_place", _attention_in_place, q, runs, cu_q, kv_heads, scale, causal, window, max_len_q)
 
 
