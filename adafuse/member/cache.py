@@ -86,6 +86,7 @@ class KVBuffer:
         self.keys, self.values, self.filled, self.ledger, self.frozen = keys, values, filled, ledger, frozen
         self.readers = weakref.WeakSet()  # the cache layers that read its positions (`open_at`)
         self.under: tuple[KVBuffer, int] | None = None  # (a stored prefix, n): its first n positions lie there
+        self.under_copied = False  # those positions copied here too (`written_out`); runs still read them there
         ledger.charge(self)
         strides = keys.stride()  # read once: a buffer's tensors never change
         self._layout = (keys.data_ptr(), values.data_ptr(), strides[0], strides[2], strides[1], keys.element_size())
@@ -128,11 +129,12 @@ class KVBuffer:
 
     def written_out(self) -> "KVBuffer":
         """This buffer with every position it holds written in it: the first ones, read where a stored prefix holds
-        them (`under`), copied here, once, for a reader that makes its positions one tensor."""
-        if self.under is not None:
+        them (`under`), copied here, once, for a reader that makes its positions one tensor. Runs go on reading them
+        in the prefix (the same values): every layer of a cache plans its runs alike, written out or not."""
+        if self.under is not None and not self.under_copied:
             prefix, count = self.under
-            self.under = None
             self.write(0, prefix.keys[:, :, :count], prefix.values[:, :, :count])
+            self.under_copied = True
         return self
 
     @torch.inference_mode()  # a pass's keys are inference tensors; a commit or a fork writes them outside one

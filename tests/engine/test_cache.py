@@ -225,8 +225,9 @@ def test_a_commit_writes_in_place_once_its_round_s_forks_are_let_go_and_never_un
 def test_a_context_over_a_stored_prefix_names_it_in_its_runs_and_copies_it_only_into_one_tensor(smol):
     """A context read after a stored prompt prefix writes only its own positions: its buffer's first ones are read
     where the store holds them, as its runs and its forks' say (the CUDA backend's kernel reads them there:
-    tests/engine/test_cuda_backend.py); made one tensor (the CPU's attention), they are copied in, once. The stored
-    prefix is never written."""
+    tests/engine/test_cuda_backend.py); made one tensor (the CPU's attention), they are copied in, once, and the
+    runs stay as they were (a cache's layers plan alike whichever were made one tensor). The stored prefix is never
+    written."""
     m = clone(smol)
     m.runner.prompts = PromptStore()
     drive(m.start("The quick brown fox jumps", prefix="The quick brown"))
@@ -246,8 +247,11 @@ def test_a_context_over_a_stored_prefix_names_it_in_its_runs_and_copies_it_only_
     fork.append(*[torch.randn(2, *t.shape[1:2], 1, t.shape[3]) for t in new])
     assert fork.sources() == (buffer, fork.own, prefix)
     assert fork.run_plan(1, length + 3) == [(2, 0, 0, length), (0, 0, length, 2), (1, 1, 0, 1)]
-    keys = fork.keys  # one tensor: the prefix's positions copied into the context's buffer
-    assert buffer.under is None and layer.run_plan(0, length + 2) == [(0, 0, 0, length + 2)]
+    keys = fork.keys  # one tensor: the prefix's positions copied into the context's buffer, once
+    assert buffer.under_copied and layer.run_plan(0, length + 2) == [(1, 0, 0, length), (0, 0, length, 2)]
+    assert torch.equal(buffer.keys[:, :, :length], prefix.keys[:, :, :length])
+    plans = {(len(other.sources()), tuple(other.run_plan(0, length + 2))) for other in context.layers}
+    assert plans == {(2, tuple(layer.run_plan(0, length + 2)))}  # layer 0 made one tensor, the others not
     assert torch.equal(keys[1, :, :length], prefix.keys[0, :, :length])
     assert torch.equal(keys[1, :, length:-1], new[0][0])
     assert torch.equal(prefix.keys, before)

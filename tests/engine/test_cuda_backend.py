@@ -314,7 +314,7 @@ def test_a_pass_reads_every_row_where_it_lies_and_copies_no_kv(models):
         run(backend, MERGED, model, [Read(c, x) for c, x in zip(caches, steps)])
     assert counted.copied == 0 and [c.get_seq_length() for c in caches] == [n + 1 for n in lengths]
     over = [caches[4].layers[0].buffer, caches[5].layers[0].base]  # contexts over a stored prefix, read there
-    assert all(buffer.under is not None for buffer in over)
+    assert all(buffer.under is not None and not buffer.under_copied for buffer in over)
     stock = CudaBackend("cpu", store=ProbeStore(None), stock_attention=stock_attention_per_request)
     torch.manual_seed(0)
     prepared = stock.prepare(llama())
