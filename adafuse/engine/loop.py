@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adafuse.engine.executor import Executor
+from adafuse.engine.heap import frozen_heap
 from adafuse.engine.scheduler import Scheduler
 from adafuse.member.passes import Program
 
@@ -102,7 +103,12 @@ class Engine:
 
     def step(self) -> list[tuple[Any, Any]]:
         """Admit queued examples, run every pass the examples in flight wait on, advance them: (key, result)
-        of each example that finished, in slot order."""
+        of each example that finished, in slot order. What lived before the step is frozen during it
+        (adafuse/engine/heap.py)."""
+        with frozen_heap():
+            return self._step()
+
+    def _step(self) -> list[tuple[Any, Any]]:
         finished: list[tuple[int, Any, Any]] = []
         for slot in self.slots:
             if slot.program is None and self.queue and self.scheduler.admits(self.runners, self.in_flight):

@@ -3,6 +3,9 @@ each step asks the scheduler and executor for, in which row order, what every pr
 ends. No model: the executor here answers each request with its own name and counts its steps; tests/engine/ runs
 real ones."""
 
+import gc
+import weakref
+
 import pytest
 
 from adafuse.engine.loop import Engine, decode_many, drive
@@ -149,3 +152,47 @@ def test_a_cancelled_example_is_closed_and_its_slot_taken_by_the_next():
         finished += engine.step()
     assert [key for key, _ in finished] == ["b"]
     assert engine.slots[0].members[0].released == 2  # after each example, its slot's context is dropped
+
+
+
+class Cycle:
+    """An object in a reference cycle: only the cyclic collector frees it."""
+
+    def __init__(self):
+        self.me = self
+
+
+def test_what_lives_at_a_step_s_start_is_frozen_during_it_and_collected_after_it():
+    """adafuse/engine/heap.py: the collector skips what was alive at a step's start while the step runs (a step
+    inside a step shares the freeze); a cycle let go during a step is collected once no step runs, the step failed
+    or not."""
+    gc.collect()
+    assert gc.get_freeze_count() == 0
+    let_go = weakref.ref(made := Cycle())
+    seen = []
+
+    def inner(slot, name):
+        seen.append(("inner", gc.get_freeze_count() > 0))
+        return asks(name, 1)
+
+    def outer(slot, name):
+        nonlocal made
+        del made
+        gc.collect()
+        seen.append(("frozen, so not collected", let_go() is not None))
+        drive(inner(None, "inner"), *[Recording()] * 2)  # a run inside the step: its steps end, this one goes on
+        seen.append(("outer after inner", gc.get_freeze_count() > 0))
+        return asks(name, 1)
+
+    assert [key for key, _ in decode_many([Clone()], ["outer"], outer, 1, *[Recording()] * 2)] == ["outer"]
+    assert seen == [("frozen, so not collected", True), ("inner", True), ("outer after inner", True)]
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert let_go() is None
+
+    def failing(slot, name):
+        raise RuntimeError("example failed")
+
+    with pytest.raises(RuntimeError, match="example failed"):
+        list(decode_many([Clone()], ["a"], failing, 1, *[Recording()] * 2))
+    assert gc.get_freeze_count() == 0
