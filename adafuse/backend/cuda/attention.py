@@ -15,7 +15,6 @@ copied. Torch's own call (`torch_varlen`, for the passes that need no exactness)
 (`packed_attention`): the keys of all rows are copied into one tensor for the call, a layer at a time.
 """
 
-import itertools
 from array import array
 from dataclasses import dataclass
 
@@ -46,40 +45,46 @@ class InPlace:
         if any(cache.get_seq_length() == 0 for cache in split.caches):  # a context read from nothing: no buffer yet
             return None
         layers = len(split.caches[0].layers)
-        bases, places, plan = [], [], []  # per read and layer: its claim, its sources' places; per row: its runs
+        # per read and layer: its claim's place (7 fields), its sources' places (RUNS_PER x 6); per row: its runs
+        # (RUNS_PER x 5); flat, in one buffer each, as Python's ints go into a tensor fastest
+        bases, places, plan = array("q"), array("q"), array("q")
         for j, (s, cache) in enumerate(zip(split.spans, split.caches, strict=True)):
-            claims = [layer.claim(s.width) for layer in cache.layers]
-            at = claims[0][1]
-            if any(a != at for _, a in claims):
-                raise ValueError(f"a cache's layers hold different lengths: {[a for _, a in claims]}")
-            bases += [(*buffer.layout(), at) for buffer, at in claims]
-            for layer in cache.layers:
-                sources = [b.layout() for b in layer.sources()]
-                places.append(sources + [EMPTY_PLACE] * (RUNS_PER - len(sources)))
+            at = None
+            for i, layer in enumerate(cache.layers):
+                buffer, layer_at = layer.claim(s.width)
+                if at is None:
+                    at = layer_at
+                elif layer_at != at:
+                    raise ValueError(f"a cache's layers hold different lengths: {at} in layer 0, {layer_at} in {i}")
+                bases.extend(buffer.layout())
+                bases.append(at)
+                sources = layer.sources()
+                for source in sources:
+                    places.extend(source.layout())
+                places.extend(_NO_PLACES[len(sources)])
             first = cache.layers[0]
             for row, live in enumerate(s.lengths):
-                row_plan = [(j, *run) for run in first.run_plan(row, s.length + live)]
-                plan.append(row_plan + [(j, 0, 0, 0, 0)] * (RUNS_PER - len(row_plan)))
+                row_plan = first.run_plan(row, s.length + live)
+                for run in row_plan:
+                    plan.append(j)
+                    plan.extend(run)
+                plan.extend(_NO_RUNS[len(row_plan)])
         reads = len(split.spans)
         sources, offsets = _positions(split.spans)  # the same in every layer
-        slots = _slots(_int64(bases, 1).view(reads, layers, 7).transpose(0, 1), sources, offsets)
-        places = _int64(places, 2).view(reads, layers, RUNS_PER, 6).transpose(0, 1)
-        runs = _runs(places, _int64(plan, 2).view(-1, RUNS_PER, 5))
+        slots = _slots(_int64(bases).view(reads, layers, 7).transpose(0, 1), sources, offsets)
+        places = _int64(places).view(reads, layers, RUNS_PER, 6).transpose(0, 1)
+        runs = _runs(places, _int64(plan).view(-1, RUNS_PER, 5))
         cu_q, _, max_q, _ = sequences(split.spans, device)
         return cls(cu_q, max_q, on_device(slots, device), on_device(runs, device))
 
 
-EMPTY_PLACE = (0,) * 6  # a source no run reads
 RUNS_PER = kernels.RUNS_PER  # a row's runs, and a layer's sources, at most: a stored prefix, a context, a fork's own
+_NO_PLACES = [(0,) * (6 * (RUNS_PER - n)) for n in range(RUNS_PER + 1)]  # after n sources, the places no run reads
+_NO_RUNS = [(0,) * (5 * (RUNS_PER - n)) for n in range(RUNS_PER + 1)]  # after n runs, the empty ones
 
 
-def _int64(nested: list, depth: int) -> torch.Tensor:
-    """A flat int64 tensor of the integers of `nested`, lists `depth` deep (through a buffer: torch.tensor reads
-    a nested list element by element, some 100 ns each, and a pass's tables hold tens of thousands)."""
-    flat = nested
-    for _ in range(depth):
-        flat = itertools.chain.from_iterable(flat)
-    values = array("q", flat)
+def _int64(values: array) -> torch.Tensor:
+    """An int64 tensor over `values` (no copy)."""
     return torch.frombuffer(values, dtype=torch.int64) if values else torch.empty(0, dtype=torch.int64)
 
 
