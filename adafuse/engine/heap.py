@@ -1,14 +1,17 @@
-"""What is alive when an engine step starts kept out of the cyclic garbage collector's scans during the step.
+"""What is alive when a run starts kept out of the cyclic garbage collector's scans while the run goes on.
 
-A step makes and drops many small objects (tensors, a pass's plans, a cache's layers), so the collector runs
+A run's steps make and drop many small objects (tensors, a pass's plans, a cache's layers), so the collector runs
 often, and now and then it scans every object in the process: the models' modules and parameters, the tokenizers,
-transformers' and torch's own (some 450 thousand with the paper pair in shape, a quarter of a second each time on
-this project's CPU: tools/bench_host.py), time a GPU waits on. So each step freezes what is alive at its start
-(`gc.freeze`: the collector skips it; it is still freed when its count of references drops), and unfreezes it at its
-end, where a cycle the step let go is collected again; within the step a scan sees the step's own objects alone.
-vLLM's engine freezes what its start-up made, for good; a step at a time, nothing stays frozen after a run, however
-it ended or was left. Freezing and unfreezing splice the collector's lists: no object is visited. Steps that
-overlap (a run driven inside a step, engines on two threads) share one freeze, released when the last ends.
+transformers' and torch's own (some 450 thousand with the paper pair in shape, a quarter of a second a scan on this
+project's CPU: tools/bench_host.py), time a GPU waits on. Those objects outlive the run, so the run freezes them at
+its start (`gc.freeze`: the collector skips them; they are still freed when their count of references drops) and
+unfreezes them at its end, where a cycle among them that the run let go is collected again. What the run makes is
+collected as ever, a step's garbage or a round's. As vLLM's engine freezes what its start-up made. Runs that overlap
+(two streams read in turn, a run driven inside another's step) share one freeze, released when the last ends.
+
+A run ends when its stream is read to the end, fails, is closed, or is let go: a stream let go while it is itself in
+a reference cycle is only closed by the collector, which it keeps from running over the frozen objects; close such a
+stream (`for ... in stream` does, as does `break` out of it, or `stream.close()`).
 """
 
 import gc
@@ -16,20 +19,20 @@ import threading
 from contextlib import contextmanager
 
 _lock = threading.Lock()
-_steps = 0  # steps in progress in this process: the collector's frozen set is the process's, not a step's
+_runs = 0  # runs in progress in this process: the collector's frozen set is the process's, not a run's
 
 
 @contextmanager
-def frozen_heap():
-    global _steps
+def frozen_while_running():
+    global _runs
     with _lock:
-        if _steps == 0:
+        if _runs == 0:
             gc.freeze()
-        _steps += 1
+        _runs += 1
     try:
         yield
     finally:
         with _lock:
-            _steps -= 1
-            if _steps == 0:
+            _runs -= 1
+            if _runs == 0:
                 gc.unfreeze()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adafuse.engine.executor import Executor
-from adafuse.engine.heap import frozen_heap
+from adafuse.engine.heap import frozen_while_running
 from adafuse.engine.scheduler import Scheduler
 from adafuse.member.passes import Program
 
@@ -103,12 +103,7 @@ class Engine:
 
     def step(self) -> list[tuple[Any, Any]]:
         """Admit queued examples, run every pass the examples in flight wait on, advance them: (key, result)
-        of each example that finished, in slot order. What lived before the step is frozen during it
-        (adafuse/engine/heap.py)."""
-        with frozen_heap():
-            return self._step()
-
-    def _step(self) -> list[tuple[Any, Any]]:
+        of each example that finished, in slot order."""
         finished: list[tuple[int, Any, Any]] = []
         for slot in self.slots:
             if slot.program is None and self.queue and self.scheduler.admits(self.runners, self.in_flight):
@@ -182,15 +177,16 @@ def decode_many(
 def run_engine(engine: Engine, items: Iterable) -> Iterator[tuple[Any, Any]]:
     """`decode_many` over an engine of the caller's (whose `report` the caller reads)."""
     source = iter(items)
-    try:
-        while True:
-            while engine.has_room and (item := next(source, _END)) is not _END:
-                engine.submit(item, item)
-            if not engine.busy:
-                return
-            yield from engine.step()
-    finally:
-        engine.close()
+    with frozen_while_running():  # what lived before the run is not scanned during it (adafuse/engine/heap.py)
+        try:
+            while True:
+                while engine.has_room and (item := next(source, _END)) is not _END:
+                    engine.submit(item, item)
+                if not engine.busy:
+                    return
+                yield from engine.step()
+        finally:
+            engine.close()
 
 
 def drive(program: Program, executor: Executor | None = None, scheduler: Scheduler | None = None):

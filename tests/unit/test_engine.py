@@ -155,6 +155,7 @@ def test_a_cancelled_example_is_closed_and_its_slot_taken_by_the_next():
 
 
 
+
 class Cycle:
     """An object in a reference cycle: only the cyclic collector frees it."""
 
@@ -162,33 +163,39 @@ class Cycle:
         self.me = self
 
 
-def test_what_lives_at_a_step_s_start_is_frozen_during_it_and_collected_after_it():
-    """adafuse/engine/heap.py: the collector skips what was alive at a step's start while the step runs (a step
-    inside a step shares the freeze); a cycle let go during a step is collected once no step runs, the step failed
-    or not."""
+def test_what_lives_at_a_run_s_start_is_frozen_while_it_runs_and_what_it_makes_is_collected_as_ever():
+    """adafuse/engine/heap.py: during a run the collector skips what was alive at its start (a run inside it, or one
+    read in turn beside it, shares the freeze), but collects a cycle the run made and let go a step later; once the
+    last run has ended, failed or not, the frozen objects' cycles are collected too."""
     gc.collect()
     assert gc.get_freeze_count() == 0
-    let_go = weakref.ref(made := Cycle())
-    seen = []
+    before = weakref.ref(made := Cycle())
+    seen = {}
 
-    def inner(slot, name):
-        seen.append(("inner", gc.get_freeze_count() > 0))
-        return asks(name, 1)
-
-    def outer(slot, name):
+    def program(slot, name):
         nonlocal made
-        del made
+        made = None
         gc.collect()
-        seen.append(("frozen, so not collected", let_go() is not None))
-        drive(inner(None, "inner"), *[Recording()] * 2)  # a run inside the step: its steps end, this one goes on
-        seen.append(("outer after inner", gc.get_freeze_count() > 0))
-        return asks(name, 1)
+        seen["made before the run and let go in it: kept"] = before() is not None
+        during = Cycle()
+        of_the_run = weakref.ref(during)
+        yield "step 1"
+        del during  # a step after it was made
+        yield "step 2"
+        gc.collect()
+        seen["made in the run and let go in it: collected"] = of_the_run() is None
+        drive(asks("inner", 1), *[Recording()] * 2)  # a run inside this run's step
+        seen["frozen after a run inside ended"] = gc.get_freeze_count() > 0
+        return name
 
-    assert [key for key, _ in decode_many([Clone()], ["outer"], outer, 1, *[Recording()] * 2)] == ["outer"]
-    assert seen == [("frozen, so not collected", True), ("inner", True), ("outer after inner", True)]
-    assert gc.get_freeze_count() == 0
+    first = decode_many([Clone()], ["first"], program, 1, *[Recording()] * 2)
+    second = decode_many([Clone()], ["second"], lambda slot, name: asks(name, 1), 1, *[Recording()] * 2)
+    assert next(first)[0] == "first" and next(second)[0] == "second"  # each waits to be read on: both still run
+    assert seen == dict.fromkeys(seen, True) and len(seen) == 3
+    assert list(first) == [] and gc.get_freeze_count() > 0  # the other still runs
+    assert list(second) == [] and gc.get_freeze_count() == 0
     gc.collect()
-    assert let_go() is None
+    assert before() is None
 
     def failing(slot, name):
         raise RuntimeError("example failed")
