@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adafuse.engine.executor import Executor
-from adafuse.engine.heap import frozen_while_running
+from adafuse.engine import heap
 from adafuse.engine.scheduler import Scheduler
 from adafuse.member.passes import Program
 
@@ -64,6 +64,7 @@ class Engine:
         self.scheduler = scheduler or Scheduler()
         self.slots = [Slot(i, [None if m is None else m.clone() for m in members]) for i in range(batch_size)]
         self.queue: deque = deque()  # (key, item) waiting for a slot
+        self._holding = False  # it holds a freeze of what lived before its work (adafuse/engine/heap.py)
 
     @property
     def runners(self) -> list:
@@ -103,7 +104,11 @@ class Engine:
 
     def step(self) -> list[tuple[Any, Any]]:
         """Admit queued examples, run every pass the examples in flight wait on, advance them: (key, result)
-        of each example that finished, in slot order."""
+        of each example that finished, in slot order. From a step with work to the end of the work, what lived
+        before it is frozen (adafuse/engine/heap.py)."""
+        if not self._holding:
+            heap.hold()
+            self._holding = True
         finished: list[tuple[int, Any, Any]] = []
         for slot in self.slots:
             if slot.program is None and self.queue and self.scheduler.admits(self.runners, self.in_flight):
@@ -122,6 +127,8 @@ class Engine:
             mine = results[at : at + len(slot.asked)]
             at += len(slot.asked)
             self._advance(slot, mine if slot.listed else mine[0], finished)
+        if not self.busy:
+            self._let_go()
         return [(key, result) for _, key, result in sorted(finished, key=lambda f: f[0])]
 
     def _advance(self, slot: Slot, value, finished: list) -> None:
@@ -151,6 +158,15 @@ class Engine:
         self.queue.clear()
         for slot in self.slots:
             self._free(slot)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        if self._holding:
+            self._holding = False
+            heap.release()
+
+    def __del__(self):  # an engine dropped with work left (its caller neither finished nor closed it)
+        self._let_go()
 
     def report(self) -> dict[str, dict]:
         """Per model name, how its passes ran, their counts (the executor's) and its KV (the scheduler's): what a
@@ -177,16 +193,15 @@ def decode_many(
 def run_engine(engine: Engine, items: Iterable) -> Iterator[tuple[Any, Any]]:
     """`decode_many` over an engine of the caller's (whose `report` the caller reads)."""
     source = iter(items)
-    with frozen_while_running():  # what lived before the run is not scanned during it (adafuse/engine/heap.py)
-        try:
-            while True:
-                while engine.has_room and (item := next(source, _END)) is not _END:
-                    engine.submit(item, item)
-                if not engine.busy:
-                    return
-                yield from engine.step()
-        finally:
-            engine.close()
+    try:
+        while True:
+            while engine.has_room and (item := next(source, _END)) is not _END:
+                engine.submit(item, item)
+            if not engine.busy:
+                return
+            yield from engine.step()
+    finally:
+        engine.close()
 
 
 def drive(program: Program, executor: Executor | None = None, scheduler: Scheduler | None = None):

@@ -163,37 +163,42 @@ class Cycle:
         self.me = self
 
 
-def test_what_lives_at_a_run_s_start_is_frozen_while_it_runs_and_what_it_makes_is_collected_as_ever():
-    """adafuse/engine/heap.py: during a run the collector skips what was alive at its start (a run inside it, or one
-    read in turn beside it, shares the freeze), but collects a cycle the run made and let go a step later; once the
-    last run has ended, failed or not, the frozen objects' cycles are collected too."""
+
+def test_what_lives_when_an_engine_starts_on_its_work_is_frozen_until_it_is_done_and_what_it_makes_is_collected():
+    """adafuse/engine/heap.py: while an engine has work the collector skips what was alive at its first step with
+    work (engines at work at once, one run inside another's step, share the freeze), but collects a cycle the work made
+    and let go a step later; once the last engine's work is done, failed or not, the frozen objects' cycles are
+    collected too."""
     gc.collect()
     assert gc.get_freeze_count() == 0
     before = weakref.ref(made := Cycle())
     seen = {}
 
-    def program(slot, name):
+    def program():
         nonlocal made
         made = None
         gc.collect()
-        seen["made before the run and let go in it: kept"] = before() is not None
+        seen["made before the work and let go in it: kept"] = before() is not None
         during = Cycle()
-        of_the_run = weakref.ref(during)
+        of_the_work = weakref.ref(during)
         yield "step 1"
         del during  # a step after it was made
         yield "step 2"
         gc.collect()
-        seen["made in the run and let go in it: collected"] = of_the_run() is None
+        seen["made in the work and let go in it: collected"] = of_the_work() is None
         drive(asks("inner", 1), *[Recording()] * 2)  # a run inside this run's step
         seen["frozen after a run inside ended"] = gc.get_freeze_count() > 0
-        return name
+        return "done"
 
-    first = decode_many([Clone()], ["first"], program, 1, *[Recording()] * 2)
-    second = decode_many([Clone()], ["second"], lambda slot, name: asks(name, 1), 1, *[Recording()] * 2)
-    assert next(first)[0] == "first" and next(second)[0] == "second"  # each waits to be read on: both still run
+    def make(slot, name):
+        return program() if name == "program" else asks(name, 1 if name == "short" else 9)
+
+    first = decode_many([Clone()], ["program", "long"], make, 2, *[Recording()] * 2)
+    second = decode_many([Clone()], ["short", "long"], make, 2, *[Recording()] * 2)
+    assert next(first)[0] == "program" and next(second)[0] == "short"  # each has its "long" left: both at work
     assert seen == dict.fromkeys(seen, True) and len(seen) == 3
-    assert list(first) == [] and gc.get_freeze_count() > 0  # the other still runs
-    assert list(second) == [] and gc.get_freeze_count() == 0
+    assert len(list(first)) == 1 and gc.get_freeze_count() > 0  # the other is still at work
+    assert len(list(second)) == 1 and gc.get_freeze_count() == 0
     gc.collect()
     assert before() is None
 
@@ -202,4 +207,27 @@ def test_what_lives_at_a_run_s_start_is_frozen_while_it_runs_and_what_it_makes_i
 
     with pytest.raises(RuntimeError, match="example failed"):
         list(decode_many([Clone()], ["a"], failing, 1, *[Recording()] * 2))
+    assert gc.get_freeze_count() == 0
+
+
+def test_an_engine_stepped_by_hand_holds_the_freeze_while_it_has_work_closed_or_dropped_it_lets_go():
+    """As the server steps its engine: frozen from a step with work until nothing is in flight or queued; an engine
+    closed, or dropped, with work left lets go of it too."""
+    recording = Recording()
+    engine = Engine([Clone()], lambda slot, name: asks(name, 2), 1, recording, recording)
+    engine.submit("a", "a")
+    assert gc.get_freeze_count() == 0
+    engine.step()
+    assert gc.get_freeze_count() > 0
+    engine.step()
+    engine.step()  # "a" ends
+    assert not engine.busy and gc.get_freeze_count() == 0
+    engine.submit("b", "b")
+    engine.step()
+    engine.close()
+    assert gc.get_freeze_count() == 0
+    engine.submit("c", "c")
+    engine.step()
+    assert gc.get_freeze_count() > 0
+    del engine
     assert gc.get_freeze_count() == 0
