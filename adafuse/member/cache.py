@@ -367,8 +367,15 @@ class ForkLayer(ViewLayer):
         """Room for a pass's `new` positions after each row's, held as written: the buffer they go in (its rows are
         the fork's) and where. Whoever claims writes them there before anything reads them."""
         end = self.upto + self.own_length
-        at_tip = not self.base.frozen and end + new <= self.base.capacity and self.base.open_at(end)
-        if self.rows == 1 and at_tip and (self.riding or not self.own_length):
+        base = self.base
+        # one row that rides, or may start to, on a buffer open at its end (asked last: it may look at every reader)
+        if (
+            self.rows == 1
+            and (self.riding or not self.own_length)
+            and not base.frozen
+            and end + new <= base.capacity
+            and base.open_at(end)
+        ):
             self.base.filled = end + new
             self.riding = True
             buffer, at = self.base, end
