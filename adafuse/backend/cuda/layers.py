@@ -46,9 +46,8 @@ class KernelLinear(torch.nn.Linear):
         context = current()
         ops, live = context.own, context.live
         multiply = kernels.linear if ops is not None and ops.linear else F.linear
-        if not self.head and (live is None or live.index is None):  # every row multiplied: `only_live`'s first case
-            flat = multiply(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
-            return flat.reshape(*x.shape[:-1], self.out_features)
+        if not self.head and (live is None or live.index is None):  # every row is multiplied, as `only_live` would
+            return multiply(x, self.weight, self.bias)  # both take x (..., in)
         return only_live(x, self.out_features, lambda flat: multiply(flat, self.weight, self.bias), self.head)
 
 
