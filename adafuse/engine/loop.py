@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from adafuse.engine.executor import Executor
 from adafuse.engine import heap
+from adafuse.engine.executor import Executor
 from adafuse.engine.scheduler import Scheduler
 from adafuse.member.passes import Program
 
@@ -48,6 +48,8 @@ class Engine:
     """Examples in flight, stepped together. `submit` queues an example; each `step` admits queued examples
     into free slots, runs one round of passes for everything in flight, and returns what finished."""
 
+    _holding = False  # it holds a freeze of what lived before its work (adafuse/engine/heap.py)
+
     def __init__(
         self,
         members: list,
@@ -64,7 +66,6 @@ class Engine:
         self.scheduler = scheduler or Scheduler()
         self.slots = [Slot(i, [None if m is None else m.clone() for m in members]) for i in range(batch_size)]
         self.queue: deque = deque()  # (key, item) waiting for a slot
-        self._holding = False  # it holds a freeze of what lived before its work (adafuse/engine/heap.py)
 
     @property
     def runners(self) -> list:

@@ -376,9 +376,9 @@ class ForkLayer(ViewLayer):
             and end + new <= base.capacity
             and base.open_at(end)
         ):
-            self.base.filled = end + new
+            base.filled = end + new
             self.riding = True
-            buffer, at = self.base, end
+            buffer, at = base, end
         else:
             if self.riding:  # its positions move to a buffer of its own
                 self.own = KVBuffer.empty(self.base, 1, self.own_length + new + self.ROOM)

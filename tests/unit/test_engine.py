@@ -154,14 +154,11 @@ def test_a_cancelled_example_is_closed_and_its_slot_taken_by_the_next():
     assert engine.slots[0].members[0].released == 2  # after each example, its slot's context is dropped
 
 
-
-
 class Cycle:
     """An object in a reference cycle: only the cyclic collector frees it."""
 
     def __init__(self):
         self.me = self
-
 
 
 def test_what_lives_when_an_engine_starts_on_its_work_is_frozen_until_it_is_done_and_what_it_makes_is_collected():
