@@ -89,3 +89,32 @@ def test_in_context_decoding_equals_decoding_the_whole_text(tiny):
             if head.endswith("\ufffd"):  # the context itself ends inside a character
                 continue
             assert member.text_of(span, ids[:cut]) == whole[len(head) :]
+
+
+class Counting:
+    """A tokenizer's decode that counts what it is asked."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.asked = tokenizer, []
+
+    def decode(self, ids, **kwargs):
+        self.asked.append(tuple(ids))
+        return self.tokenizer.decode(ids, **kwargs)
+
+
+def test_a_repeated_decode_is_the_tokenizer_s_text_without_asking_it_again(tiny):
+    """Detokenizer.decode keeps the last texts it made (`kept`): a word's steps decode the same context tail again
+    and again. Every text is the tokenizer's own, for ids seen once, again, and after being pushed out."""
+    from adafuse.text.words import Detokenizer
+
+    for member in tiny.members:
+        tokenizer = member.tokenisation.tokenizer
+        counting = Counting(tokenizer)
+        detokenizer = Detokenizer(counting, kept=4)
+        ids = member.tokenisation.encode(" The capital of France is Paris, a city of cafés.")
+        tails = [ids[i:] for i in range(6)]
+        own = [tokenizer.decode(t, skip_special_tokens=False, clean_up_tokenization_spaces=False) for t in tails]
+        assert [detokenizer.decode(t) for t in tails[:2]] == own[:2] and len(counting.asked) == 2
+        assert [detokenizer.decode(t) for t in tails[:2]] == own[:2] and len(counting.asked) == 2  # kept
+        assert [detokenizer.decode(t) for t in tails[2:]] == own[2:] and len(counting.asked) == 6
+        assert detokenizer.decode(tails[0]) == own[0] and len(counting.asked) == 7  # pushed out by the four after it
