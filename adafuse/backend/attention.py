@@ -142,7 +142,8 @@ class SplitLayer(DynamicLayer):
 
     def __init__(self, index: int, own: list, split: SplitPass, placeholder: torch.Tensor):
         super().__init__()
-        self.lazy_initialization(placeholder, placeholder)
+        # what `lazy_initialization` sets, less the two empty tensors it makes (each a copy to a GPU), 32 a pass
+        self.device, self.is_initialized = placeholder.device, True
         self.keys, self.values = placeholder, placeholder  # (rows, 1, longest, 1), no memory: its length alone
         self.index, self.own, self.split = index, own, split
 

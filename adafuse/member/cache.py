@@ -100,7 +100,6 @@ class KVBuffer:
         return self._layout
 
     @classmethod
-    @torch.inference_mode()
     def empty(cls, like: "KVBuffer", rows: int, capacity: int) -> "KVBuffer":
         return cls.shaped(like.keys, like.values, rows, capacity, like.ledger)
 

@@ -27,9 +27,9 @@ from adafuse.backend.live import on_device
 @dataclass(frozen=True)
 class InPlace:
     """What every layer of a pass reads, made once: each sequence's queries (`cu_q`, the longest's count), and per
-    layer the slots its new positions are written to, (layers, positions written, SLOT_FIELDS), and the runs every
-    row reads, (layers, rows, RUNS_PER, RUN_FIELDS), int64 on the GPU. Made where every read's cache holds positions (a
-    merged pass reads after a prompt); None otherwise.
+    layer (a view each, not an index per layer) the slots its new positions are written to, (positions written,
+    SLOT_FIELDS), and the runs every row reads, (rows, RUNS_PER, RUN_FIELDS), int64 on the GPU. Made where every
+    read's cache holds positions (a merged pass reads after a prompt); None otherwise.
 
     The host's work grows with the reads and layers by a claim and a buffer's place per read and layer; each row's
     runs are planned once per read (a cache's layers are written alike: adafuse/member/cache.py `run_plan`) and
@@ -37,8 +37,8 @@ class InPlace:
 
     cu_q: torch.Tensor
     max_q: int
-    slots: torch.Tensor
-    runs: torch.Tensor
+    slots: tuple[torch.Tensor, ...]
+    runs: tuple[torch.Tensor, ...]
 
     @classmethod
     def of(cls, split, device) -> "InPlace | None":
@@ -75,7 +75,7 @@ class InPlace:
         places = _int64(places).view(reads, layers, RUNS_PER, 6).transpose(0, 1)
         runs = _runs(places, _int64(plan).view(-1, RUNS_PER, 5))
         cu_q, _, max_q, _ = sequences(split.spans, device)
-        return cls(cu_q, max_q, on_device(slots, device), on_device(runs, device))
+        return cls(cu_q, max_q, on_device(slots, device).unbind(), on_device(runs, device).unbind())
 
 
 RUNS_PER = kernels.RUNS_PER  # a row's runs, and a layer's sources, at most: a stored prefix, a context, a fork's own
