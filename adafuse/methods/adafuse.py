@@ -32,6 +32,7 @@ from adafuse.methods.completion import Settles, Word, complete_words, cut_to_cha
 from adafuse.methods.pool import Candidate, Proposal, build_pool, choose_winner, commit, score_pool
 from adafuse.methods.session import Session
 from adafuse.methods.stopping import settled_cut
+from adafuse.text.top import top_two
 from adafuse.text.words import CHAR_SLACK, ends_inside_char, is_word_complete
 from adafuse.trace import CandidateTrace, ModelRound, RoundTrace
 
@@ -181,7 +182,7 @@ def positions_needed(cfg: AdaFuseConfig, max_new_tokens: int) -> int:
 
 def margin(logprobs: torch.Tensor) -> float:
     """Δ = p1 - p2 on the softmax of the raw logits (control tokens removed, spec §2)."""
-    top = logprobs.topk(2).values.exp()
+    top = top_two(logprobs).exp()
     return (top[0] - top[1]).item()
 
 

@@ -12,6 +12,7 @@ from adafuse.config import SingleConfig
 from adafuse.errors import ConfigError
 from adafuse.methods import Method
 from adafuse.methods.session import Session
+from adafuse.text.top import best
 from adafuse.text.words import ends_inside_char
 
 
@@ -40,7 +41,7 @@ def decode(s: Session, cfg: SingleConfig):
     prompt_ids = list(m.ids)
     generated: list[int] = []
     while not s.done:
-        token = int(m.logprobs.argmax())
+        token = best(m.logprobs)
         if token in m.tokenisation.eos_ids:
             s.add("", eos=True)
             break

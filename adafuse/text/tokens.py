@@ -26,6 +26,7 @@ from functools import lru_cache
 import torch
 
 from adafuse.errors import ConfigError
+from adafuse.text.top import best
 
 log = logging.getLogger(__name__)
 
@@ -167,10 +168,10 @@ class TokenBytes:
 
     def choose(self, logprobs: torch.Tensor, pending: bytes = b"") -> int:
         """The most probable token that may follow `pending`."""
-        best = int(logprobs.argmax())
-        if bool(self.allowed(pending)[best]):
-            return best
-        return int(self.restrict(logprobs, pending).argmax())
+        first = best(logprobs)
+        if bool(self.allowed(pending)[first]):
+            return first
+        return best(self.restrict(logprobs, pending))
 
 
 def token_bytes(tokenizer, size: int) -> TokenBytes:
