@@ -424,9 +424,9 @@ COUNTS = (1, 8, 32)  # requests in the merged passes timed
 def kernel_path_decode(root: Path, plain_models: list, requests: list[Request], rounds: int) -> dict:
     """AdaFuse exact at batch 8 through the CUDA backend's code (`KernelStandIns`) against each member's `generate()`
     at batch 1, `rounds` times taking turns, the fastest round of each kept, and the KV the host copies per pass.
-    Run before the CPU backend's pair is loaded: a GPU node's process holds the GPU's models only, and a process
-    that holds more slows host code that walks many small objects more than it slows `generate()` (here 1.05x to
-    1.09x with the CPU pair loaded and decoding between, 0.95x to 0.99x without, the same code)."""
+    Run before the CPU backend's pair is loaded: a GPU node's process holds the GPU's models only, and with that pair
+    loaded and decoding in between this path measured slower against `generate()` than without it (1.05x and 1.09x
+    against 0.95x and 0.99x, the same code, in runs of their own)."""
     stand_ins = KernelStandIns()
     with stand_ins:
         ens = kernel_path_ensemble(root)
