@@ -12,16 +12,21 @@ import torch
 _SCANNED = (torch.float32, torch.float64)  # numpy reads these as they are; any other dtype goes to torch
 
 
+def _scanned(row: torch.Tensor) -> bool:
+    """Whether numpy can read `row` as it is: a CPU tensor of a dtype it knows that autograd does not track."""
+    return row.device.type == "cpu" and row.dtype in _SCANNED and not row.requires_grad
+
+
 def best(row: torch.Tensor) -> int:
     """The index of the largest value of a 1-d `row`: `int(row.argmax())`."""
-    if row.device.type != "cpu" or row.dtype not in _SCANNED:
+    if not _scanned(row):
         return int(row.argmax())
     return int(row.numpy().argmax())
 
 
 def top_two(row: torch.Tensor) -> torch.Tensor:
     """The two largest values of a 1-d `row`, largest first: `row.topk(2).values` (a new tensor, row's dtype)."""
-    if row.device.type != "cpu" or row.dtype not in _SCANNED or row.numel() < 2:
+    if not _scanned(row) or row.numel() < 2:
         return row.topk(2).values
     values = row.numpy()
     first = int(values.argmax())

@@ -43,10 +43,12 @@ def test_the_best_index_and_two_best_values_are_torch_s(row):
     assert torch.equal(top.exp(), row.topk(2).values.exp())  # a margin's bits (adafuse/methods/adafuse.py)
 
 
-def test_inference_tensors_are_read_too():
+def test_inference_tensors_and_tracked_ones_are_read_too():
     with torch.inference_mode():
         row = torch.randn(1000).log_softmax(-1)
-    assert best(row) == int(row.argmax()) and torch.equal(top_two(row), row.topk(2).values)
+    tracked = torch.randn(1000, requires_grad=True)
+    for r in (row, tracked):
+        assert best(r) == int(r.argmax()) and torch.equal(top_two(r), r.topk(2).values)
 
 
 def test_a_nan_is_the_largest_as_in_torch():
