@@ -24,6 +24,9 @@ pytestmark = pytest.mark.slow
 
 PROMPT = "Question: what is the capital of France?\nAnswer:"
 NAMED = torch.device("cuda", 0)
+# DeePEn's transfer matrices over every token the stand-ins' vocabularies share (46k anchors, a 262k-token
+# vocabulary) take some four minutes of this CPU to build; where results arrive does not hang on how many anchors.
+KNOBS = {"deepen": {"max_anchors": 1024}}
 
 
 def naming(member: Member, device: torch.device) -> Member:
@@ -48,7 +51,7 @@ def test_the_double_names_a_device_this_machine_cannot_make_tensors_on(tiny_shap
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_every_method_combines_results_where_they_arrive(tiny_shaped, method):
     spec = METHODS[method]
-    cfg = spec.config()
+    cfg = spec.config(**KNOBS.get(method, {}))
     on_host = decode([m.clone() for m in tiny_shaped], PROMPT, cfg, max_new_tokens=6, stop=["\n"])
     elsewhere = decode([naming(m, NAMED) for m in tiny_shaped], PROMPT, cfg, max_new_tokens=6, stop=["\n"])
     assert elsewhere.text == on_host.text
