@@ -22,7 +22,8 @@ GPU (tools/make_paper_pair.py writes the pair: real tokenizers and configs, seed
    (adafuse/backend/cuda/), its kernels stood in for by torch's ops on this CPU (`KernelStandIns`): every line of
    the host's work for a pass on a GPU, with the kernels' own time (the GPU's, there) counted apart as arithmetic,
    and the launches a pass makes; its decode against `generate()` timed beside it, before the CPU backend's pair is
-   loaded (`kernel_path_decode`).
+   loaded (`kernel_path_decode`), with the host seconds of its passes' tables (`Tables`: each read's claims in
+   every layer and the addresses they give, the part of a pass's host work that grows with its reads).
 
 At a tiny width the arithmetic that grows with a pass's rows is still not nothing on a CPU: the vocabulary
 projection (128,256 x 64 for Llama-3) takes 1.2 ms for one row and 6 ms for eight here, where a GPU takes the
@@ -43,6 +44,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from adafuse import Ensemble, ModelConfig, Request
 from adafuse.backend import MERGED, PROMPT, Execution, Pass, Read
 from adafuse.backend.cuda import kernels
+from adafuse.backend.cuda.attention import InPlace
 from adafuse.backend.cuda.backend import CudaBackend
 from adafuse.backend.cuda.choice import Choice, Ops
 from adafuse.backend.probe_store import ProbeStore
@@ -421,6 +423,30 @@ def with_host_seconds(run, *args, ops: tuple = Arithmetic.OPS, **kwargs) -> dict
 COUNTS = (1, 8, 32)  # requests in the merged passes timed
 
 
+class Tables:
+    """Seconds spent making the CUDA backend's pass tables (`InPlace.of`, once a pass), while active."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def __enter__(self) -> "Tables":
+        self._made = InPlace.__dict__["of"]
+        made = self._made.__func__
+
+        def timed(cls, split, device):
+            started = time.perf_counter()
+            try:
+                return made(cls, split, device)
+            finally:
+                self.seconds += time.perf_counter() - started
+
+        InPlace.of = classmethod(timed)
+        return self
+
+    def __exit__(self, *exc):
+        InPlace.of = self._made
+
+
 def kernel_path_decode(root: Path, plain_models: list, requests: list[Request], rounds: int) -> dict:
     """AdaFuse exact at batch 8 through the CUDA backend's code (`KernelStandIns`) against each member's `generate()`
     at batch 1, `rounds` times taking turns, the fastest round of each kept, and the KV the host copies per pass.
@@ -434,17 +460,17 @@ def kernel_path_decode(root: Path, plain_models: list, requests: list[Request], 
     generates, runs = [], []
     for _ in range(rounds):
         generates.append([with_host_seconds(generate_greedy, t, m.eval(), requests) for t, m in plain_models])
-        with stand_ins:
+        with stand_ins, Tables() as tables:
             stand_ins.launches = 0
             run = with_host_seconds(engine_run, ens, requests, "adafuse", {}, 8, ops=OPS_ON_A_GPU)
-            runs.append(run | {"launches": stand_ins.launches})
+            runs.append(run | {"launches": stand_ins.launches, "tables_seconds": tables.seconds})
     generate = min(generates, key=lambda pair: sum(g["seconds"] for g in pair))
     run = min(runs, key=lambda r: r["seconds"])
     with stand_ins, KVCopies().watch(*stored_prefixes(ens)) as copies:
         counted = engine_run(ens, requests[:4], "adafuse", {}, 8)
     return {
         "generate": [{k: g[k] for k in KEPT if k in g} for g in generate],
-        "adafuse_b8": {k: run[k] for k in (*KEPT, "launches")}
+        "adafuse_b8": {k: run[k] for k in (*KEPT, "launches", "tables_seconds")}
         | {"kv_bytes_copied_per_pass": copies.copied / max(counted["passes"], 1)},
         "adafuse_b8_host_over_summed_generate": run["host_seconds"] / sum(g["host_seconds"] for g in generate),
     }

@@ -462,7 +462,9 @@ def host(data: dict) -> str:
         "`generate()` in host time: "
         f"**{k['adafuse_b8_host_over_summed_generate']:.2f}×** (goal ≤ 1.0), {run['launches'] / run['passes']:.0f} "
         f"launches a pass; KV the host copies per pass: **{run['kv_bytes_copied_per_pass'] / 1024:.0f} KiB** "
-        "(goal 0)."
+        f"(goal 0). Of its {run['host_seconds']:.2f} host seconds, the passes' tables (`InPlace.of`: each read's "
+        f"claims in every layer, and their addresses) took {run['tables_seconds']:.2f} s "
+        f"({run['tables_seconds'] / run['host_seconds']:.0%})."
     )
     return "\n\n".join([provenance("host.json", data), passes, kernel_passes, decode, notes, kernel_notes])
 

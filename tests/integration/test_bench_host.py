@@ -47,6 +47,7 @@ def test_the_host_bench_measures_every_figure(shared_data):
     assert all(0 < p["host_ms"] < p["ms"] for p in kernel_path["merged"])
     run = kernel_path["adafuse_b8"]
     assert run["passes"] > 0 and 0 < run["host_seconds"] < run["seconds"] and run["launches"] > 0
+    assert 0 < run["tables_seconds"] < run["host_seconds"]
     assert [g["passes"] for g in kernel_path["generate"]] == [g["passes"] for g in decode["generate"]]
     assert all(0 < g["host_seconds"] < g["seconds"] for g in kernel_path["generate"])
     assert kernel_path["adafuse_b8_host_over_summed_generate"] > 0
