@@ -22,7 +22,7 @@ GPU (tools/make_paper_pair.py writes the pair: real tokenizers and configs, seed
    (adafuse/backend/cuda/), its kernels stood in for by torch's ops on this CPU (`KernelStandIns`): every line of
    the host's work for a pass on a GPU, with the kernels' own time (the GPU's, there) counted apart as arithmetic,
    and the launches a pass makes; its decode against `generate()` timed beside it, before the CPU backend's pair is
-   loaded (`kernel_path_decode`), with the host seconds of its passes' tables (`Tables`: each read's claims in
+   loaded (`kernel_path_decode`), with the host seconds of its passes' tables (`InPlace.of`: each read's claims in
    every layer and the addresses they give, the part of a pass's host work that grows with its reads).
 
 At a tiny width the arithmetic that grows with a pass's rows is still not nothing on a CPU: the vocabulary
@@ -32,6 +32,7 @@ the arithmetic (linear layers, attention, log-softmax), which is what a GPU's ho
 """
 
 import bisect
+import inspect
 import statistics
 import time
 import weakref
@@ -82,7 +83,9 @@ class Arithmetic:
     """Seconds spent inside the ops that do a pass's arithmetic (`OPS`: linear layers, attention, log-softmax),
     while active, by op. Each is timed around its call (a timer costs about a microsecond, counted as host time);
     the callers look each up at the call (`F.linear`, `torch.nn.functional.scaled_dot_product_attention`,
-    `torch.log_softmax`), so the untouched model's and the engine's calls are both timed."""
+    `torch.log_softmax`), so the untouched model's and the engine's calls are both timed. Any other attribute that is
+    called can be timed alike, a class's method too (`kernel_path_decode` times the pass tables, `InPlace.of`): each is
+    put back as it was stored."""
 
     OPS = (
         (torch.nn.functional, "linear"),
@@ -92,16 +95,17 @@ class Arithmetic:
 
     def __init__(self, ops: tuple = OPS):
         self.seconds = dict.fromkeys((name for _, name in ops), 0.0)
-        self._originals = [(module, name, getattr(module, name)) for module, name in ops]
+        # (where, name, what a call runs, what `where` holds: a classmethod's descriptor rather than its bound method)
+        self._originals = [(m, name, getattr(m, name), inspect.getattr_static(m, name)) for m, name in ops]
 
     def __enter__(self) -> "Arithmetic":
-        for module, name, original in self._originals:
+        for module, name, original, _ in self._originals:
             setattr(module, name, self._timed(name, original))
         return self
 
     def __exit__(self, *exc):
-        for module, name, original in self._originals:
-            setattr(module, name, original)
+        for module, name, _, stored in self._originals:
+            setattr(module, name, stored)
 
     def _timed(self, name, original):
         seconds = self.seconds
@@ -423,30 +427,6 @@ def with_host_seconds(run, *args, ops: tuple = Arithmetic.OPS, **kwargs) -> dict
 COUNTS = (1, 8, 32)  # requests in the merged passes timed
 
 
-class Tables:
-    """Seconds spent making the CUDA backend's pass tables (`InPlace.of`, once a pass), while active."""
-
-    def __init__(self):
-        self.seconds = 0.0
-
-    def __enter__(self) -> "Tables":
-        self._made = InPlace.__dict__["of"]
-        made = self._made.__func__
-
-        def timed(cls, split, device):
-            started = time.perf_counter()
-            try:
-                return made(cls, split, device)
-            finally:
-                self.seconds += time.perf_counter() - started
-
-        InPlace.of = classmethod(timed)
-        return self
-
-    def __exit__(self, *exc):
-        InPlace.of = self._made
-
-
 def kernel_path_decode(root: Path, plain_models: list, requests: list[Request], rounds: int) -> dict:
     """AdaFuse exact at batch 8 through the CUDA backend's code (`KernelStandIns`) against each member's `generate()`
     at batch 1, `rounds` times taking turns, the fastest round of each kept, and the KV the host copies per pass.
@@ -460,10 +440,10 @@ def kernel_path_decode(root: Path, plain_models: list, requests: list[Request], 
     generates, runs = [], []
     for _ in range(rounds):
         generates.append([with_host_seconds(generate_greedy, t, m.eval(), requests) for t, m in plain_models])
-        with stand_ins, Tables() as tables:
+        with stand_ins, Arithmetic(TABLES) as tables:
             stand_ins.launches = 0
             run = with_host_seconds(engine_run, ens, requests, "adafuse", {}, 8, ops=OPS_ON_A_GPU)
-            runs.append(run | {"launches": stand_ins.launches, "tables_seconds": tables.seconds})
+            runs.append(run | {"launches": stand_ins.launches, "tables_seconds": tables.total})
     generate = min(generates, key=lambda pair: sum(g["seconds"] for g in pair))
     run = min(runs, key=lambda r: r["seconds"])
     with stand_ins, KVCopies().watch(*stored_prefixes(ens)) as copies:
@@ -476,6 +456,7 @@ def kernel_path_decode(root: Path, plain_models: list, requests: list[Request], 
     }
 
 
+TABLES = ((InPlace, "of"),)  # the CUDA backend's pass tables, made once a pass: timed apart, part of host time
 KEPT = ("seconds", "host_seconds", "passes", "rows_per_pass", "ms_per_pass")  # of a decode's record
 
 
